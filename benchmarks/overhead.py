@@ -1,0 +1,103 @@
+"""Time flightrec adds per collective, against no recorder and against PyTorch's built-in recorder.
+
+world_size=1 gloo all_reduce of 16 floats, sync and async. flightrec's cost is measured inside one
+process by interleaving blocks of calls to the original and the wrapped function; PyTorch's
+recorder is switched by TORCH_FR_BUFFER_SIZE (2000 vs 0), which only takes effect per process, so
+those processes alternate round by round. Prints medians in microseconds and ratios.
+
+    python benchmarks/overhead.py [--rounds 6] [--block 400] [--blocks 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(block: int, blocks: int) -> dict[str, list[float]]:
+    """Runs inside a child: per-call µs of each variant, one value per block."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import torch.distributed as dist
+
+    import flightrec
+
+    assert flightrec.enable(dir=os.path.join(ROOT, ".bench-dumps"), timeout_s=300)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    wrapped = dist.all_reduce
+    original = wrapped.__flightrec_wrapped__
+    t = torch.ones(16)
+
+    def sync_loop(fn):  # noqa: ANN001
+        start = time.perf_counter_ns()
+        for _ in range(block):
+            fn(t)
+        return (time.perf_counter_ns() - start) / block / 1e3
+
+    def async_loop(fn):  # noqa: ANN001
+        start = time.perf_counter_ns()
+        for _ in range(block):
+            fn(t, async_op=True).wait()
+        return (time.perf_counter_ns() - start) / block / 1e3
+
+    for _ in range(5):  # warm up
+        sync_loop(original), sync_loop(wrapped), async_loop(original), async_loop(wrapped)
+    out: dict[str, list[float]] = {"sync_base": [], "sync_flightrec": [], "async_base": [], "async_flightrec": []}
+    for i in range(blocks):
+        order = [("sync_base", sync_loop, original), ("sync_flightrec", sync_loop, wrapped),
+                 ("async_base", async_loop, original), ("async_flightrec", async_loop, wrapped)]
+        if i % 2:
+            order.reverse()
+        for name, loop, fn in order:
+            out[name].append(loop(fn))
+    flightrec.disable()
+    dist.destroy_process_group()
+    return out
+
+
+def child(fr_buffer: int, block: int, blocks: int) -> dict[str, list[float]]:
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(fr_buffer), OMP_NUM_THREADS="1")
+    env.pop("FLIGHTREC", None)
+    code = f"import sys, json; sys.path.insert(0, {ROOT!r}); from benchmarks.overhead import measure; " \
+           f"print(json.dumps(measure({block}, {blocks})))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--block", type=int, default=400)
+    parser.add_argument("--blocks", type=int, default=40)
+    args = parser.parse_args()
+    runs: dict[int, dict[str, list[float]]] = {0: {}, 2000: {}}
+    for _ in range(args.rounds):
+        for fr in (0, 2000):
+            for key, values in child(fr, args.block, args.blocks).items():
+                runs[fr].setdefault(key, []).extend(values)
+    med = {fr: {k: statistics.median(v) for k, v in r.items()} for fr, r in runs.items()}
+    # flightrec's added time: paired within the same processes (PyTorch's recorder off)
+    added = {mode: statistics.median([w - b for w, b in zip(runs[0][f"{mode}_flightrec"], runs[0][f"{mode}_base"])])
+             for mode in ("sync", "async")}
+    torch_fr = {mode: med[2000][f"{mode}_base"] - med[0][f"{mode}_base"] for mode in ("sync", "async")}
+    print(f"all_reduce of 16 floats, world_size=1 gloo; {args.rounds} rounds x {args.blocks} blocks x {args.block} calls")
+    print(f"{'':8} {'baseline us':>12} {'+flightrec us':>14} {'+torch FR us':>13} {'flightrec/base':>15} "
+          f"{'flightrec/torchFR':>18}")
+    for mode in ("sync", "async"):
+        base = med[0][f"{mode}_base"]
+        ratio_fr = added[mode] / torch_fr[mode] if torch_fr[mode] > 0 else float("inf")
+        print(f"{mode:8} {base:12.2f} {added[mode]:14.2f} {torch_fr[mode]:13.2f} {(base + added[mode]) / base:15.3f} "
+              f"{ratio_fr:18.2f}")
+    print(f"target: sync added <= 5.00 us -> {'met' if added['sync'] <= 5.0 else 'NOT met'}; "
+          f"no more than PyTorch's recorder adds -> {'met' if added['sync'] <= max(torch_fr['sync'], 0) else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from flightrec.cli import main
+
+main()

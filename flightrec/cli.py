@@ -1,0 +1,69 @@
+"""The `flightrec` command. Analysis commands load lazily so `dump-now` needs neither torch nor pandas."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .triggers import request_via_file
+
+_LAZY = {"analyze": "analyze_command", "show": "show_command", "export": "export_command"}
+
+
+class _LazyGroup(click.Group):
+    """Analysis commands live in `analyzers` (pandas, networkx): import them only when called."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._available()))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is None and name in _LAZY:
+            try:
+                from analyzers import cli as analysis_cli
+            except ImportError as exc:
+                raise click.ClickException(f"the analyzer could not be loaded: {exc}") from exc
+            command = getattr(analysis_cli, _LAZY[name], None)
+        return command
+
+    @staticmethod
+    def _available() -> list[str]:
+        import importlib.util
+
+        if importlib.util.find_spec("analyzers") is None:
+            return []
+        return ["analyze", "show"]
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="flightrec")
+def main() -> None:
+    """Flight recorder and hang analyzer for torch.distributed jobs."""
+
+
+@main.command("dump-now")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--reason", default="manual", show_default=True, help="Reason written into the dumps.")
+def dump_now(folder: str, reason: str) -> None:
+    """Make every rank of the job that dumps into FOLDER write its dump now (works while ranks are blocked)."""
+    try:
+        path = request_via_file(folder, reason)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the request into {folder}: {exc}") from exc
+    click.echo(f"requested a dump from every rank writing to {folder} ({path})")
+
+
+@main.command("demo")
+@click.option("--out", default="./flightrec-demo", show_default=True, help="Dump folder.")
+@click.option("--ranks", default=4, show_default=True, help="World size.")
+@click.option("--stall-rank", default=2, show_default=True, help="The rank that stalls.")
+def demo(out: str, ranks: int, stall_rank: int) -> None:
+    """Run a small gloo job where one rank stalls, collect the dumps, and analyze them."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(out, ranks, stall_rank))
+
+
+if __name__ == "__main__":
+    main()

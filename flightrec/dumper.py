@@ -1,0 +1,150 @@
+"""Build a rank's dump and write it atomically.
+
+The temporary file lives in the target folder so `os.replace` is a same-filesystem rename: a
+process killed mid-write leaves the previous dump intact and at worst a hidden `.tmp` file.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import platform
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import log, torch_fr
+from .entry import Entry, to_columns
+from .recorder import Recorder
+from .stacks import all_thread_stacks
+
+SCHEMA_VERSION = 1
+FORMAT = "flightrec-dump"
+
+
+def dump_filename(rank: int) -> str:
+    return f"rank-{rank:05d}.json.gz" if rank >= 0 else f"rank-unknown-{os.getpid()}.json.gz"
+
+
+def process_rank() -> tuple[int, int]:
+    try:
+        if dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        return int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1))
+    except ValueError:
+        return -1, -1
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _enrich_cpp_entries(entries: list[Entry], fr: dict[str, Any] | None) -> None:
+    """Fill op names and sizes of C++-issued collectives from PyTorch's recorder, and their state."""
+    if fr is None:
+        return
+    names = torch_fr.uid_to_group_name(fr)
+    completed = {names.get(uid, uid): seq for uid, seq in torch_fr.completed_seqs(fr).items()}
+    by_position: dict[tuple[str, int], dict[str, Any]] = {}
+    for item in fr.get("entries") or []:
+        pg = item.get("process_group")
+        if isinstance(pg, (list, tuple)) and pg and not item.get("is_p2p"):
+            by_position[(str(pg[0]), int(item.get("collective_seq_id", -1)))] = item
+    for entry in entries:
+        if entry.source != "c++":
+            continue
+        item = by_position.get((entry.group, entry.seq))
+        if item is not None:
+            entry.op = torch_fr.op_name(str(item.get("profiling_name", "unknown")))
+            entry.inputs = torch_fr.tensor_meta(item.get("input_sizes"), item.get("input_dtypes"))
+            entry.outputs = torch_fr.tensor_meta(item.get("output_sizes"), item.get("output_dtypes"))
+        last_done = completed.get(entry.group)
+        if last_done is not None and entry.state == "unknown":
+            entry.state = "completed" if entry.pg_seq <= last_done else "started"
+
+
+def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[str, Any]:
+    rank, world_size = process_rank()
+    rec.poll_works()
+    rec.groups.discover()
+    rec.scan_cpp_ops()
+    entries = rec.entries()
+    fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
+    _enrich_cpp_entries(entries, fr)
+    groups = [g.table_row() for g in rec.groups.known()]
+    wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
+    local_rank = os.environ.get("LOCAL_RANK")
+    return {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": int(local_rank) if local_rank and local_rank.isdigit() else None,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "job_id": os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("FLIGHTREC_JOB_ID"),
+        "torch_version": str(torch.__version__),
+        "python_version": platform.python_version(),
+        "flightrec_version": _version(),
+        "backends": sorted({str(g["backend"]) for g in groups}),
+        "reason": reason,
+        "reason_detail": detail,
+        "dump_time_ns": wall_ns,
+        "clock": {"wall_ns": wall_ns, "mono_ns": mono_ns},
+        "settings": rec.settings.as_dict(),
+        "capacity": rec.ring.capacity,
+        "recorded": rec.ring.recorded,
+        "dropped": max(0, rec.ring.recorded - len(entries)),
+        "groups": groups,
+        "entries": to_columns(entries),
+        "threads": all_thread_stacks(),
+        "torch_fr": {"pg_status": fr.get("pg_status")} if fr else None,
+        "recorder_errors": list(log.errors),
+    }
+
+
+def write_dump(payload: dict[str, Any], folder: str) -> str:
+    """Write `payload` as folder/rank-NNNNN.json.gz via a temporary file and a rename."""
+    os.makedirs(folder, exist_ok=True)
+    name = dump_filename(int(payload.get("rank", -1)))
+    final = os.path.join(folder, name)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    for stale in glob.glob(os.path.join(glob.escape(folder), f".{name}.*.tmp")):
+        if stale != tmp:
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
+    data = gzip.compress(json.dumps(payload, separators=(",", ":"), default=str).encode(), compresslevel=6)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return final
+
+
+def read_dump(path: str) -> dict[str, Any]:
+    """Load one dump (for tests and tools; the analyzer has its own tolerant loader)."""
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def warn_write_failed(folder: str, exc: BaseException) -> None:
+    log.warn_once(f"write-{folder}",
+                  f"could not write a dump into {folder!r}: {exc}; training continues, a later dump will retry")

@@ -1,0 +1,122 @@
+"""One recorded op, and its serialisation into the dump's columns.
+
+The hot path stores raw objects (torch.Size, dtype, ReduceOp, frame tuples); turning them into
+JSON-friendly values happens only when a dump is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+STATES = ("enqueued", "started", "completed", "failed", "unknown")
+
+COLUMNS = (
+    "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op",
+    "in_shapes", "in_dtypes", "out_shapes", "out_dtypes", "is_async", "unit", "state", "error",
+    "t_enqueue_ns", "t_complete_ns", "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack",
+    "source",
+)
+
+
+class Entry:
+    """Mutable record of one op; the watchdog and completion callbacks update `state` in place."""
+
+    __slots__ = (
+        "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op",
+        "inputs", "outputs", "is_async", "unit", "state", "error", "t_enqueue_ns", "t_complete_ns",
+        "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack", "source", "work", "device",
+    )
+
+    def __init__(self, record_id: int, group: str, kind: str, op: str, api: str) -> None:
+        self.id = record_id
+        self.group = group
+        self.seq = -1
+        self.pg_seq = -1
+        self.kind = kind
+        self.op = op
+        self.api = api
+        self.peer = -1
+        self.root = -1
+        self.reduce_op: Any = None
+        self.inputs: Any = ()
+        self.outputs: Any = ()
+        self.is_async = False
+        self.unit = -1
+        self.state = "started"
+        self.error: str | None = None
+        self.t_enqueue_ns = 0
+        self.t_complete_ns: int | None = None
+        self.t_dev_start_ns: int | None = None
+        self.t_dev_end_ns: int | None = None
+        self.thread = ""
+        self.site: tuple[str, int, str] | None = None
+        self.stack: list[tuple[str, int, str]] | None = None
+        self.source = "python"
+        self.work: Any = None  # the backend Work of an op that is not complete yet
+        self.device = "cpu"
+
+    @property
+    def pending(self) -> bool:
+        return self.state in ("enqueued", "started")
+
+
+def format_frame(frame: tuple[str, int, str] | None) -> str:
+    if frame is None:
+        return ""
+    return f"{frame[0]}:{frame[1]} in {frame[2]}"
+
+
+def tensor_meta(tensors: Any) -> list[tuple[Any, Any]]:
+    """(shape, dtype) of each tensor: the ring must never keep a tensor (or its memory) alive."""
+    return [(t.shape, t.dtype) for t in tensors]
+
+
+def _shapes(meta: Any) -> list[list[int]]:
+    return [list(shape) for shape, _ in meta]
+
+
+def _dtypes(meta: Any) -> list[str]:
+    return [str(dtype).replace("torch.", "") for _, dtype in meta]
+
+
+def _reduce_op_name(op: Any) -> str | None:
+    if op is None:
+        return None
+    name = getattr(op, "name", None)
+    if isinstance(name, str):
+        return name
+    text = str(op)
+    return text.rsplit(".", 1)[-1]
+
+
+def to_columns(entries: list[Entry]) -> dict[str, list[Any]]:
+    """Column-oriented table of `entries` (see docs/dump-format.md)."""
+    columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    for e in entries:
+        columns["id"].append(e.id)
+        columns["group"].append(e.group)
+        columns["seq"].append(e.seq)
+        columns["pg_seq"].append(e.pg_seq)
+        columns["kind"].append(e.kind)
+        columns["op"].append(e.op)
+        columns["api"].append(e.api)
+        columns["peer"].append(e.peer)
+        columns["root"].append(e.root)
+        columns["reduce_op"].append(_reduce_op_name(e.reduce_op))
+        columns["in_shapes"].append(_shapes(e.inputs))
+        columns["in_dtypes"].append(_dtypes(e.inputs))
+        columns["out_shapes"].append(_shapes(e.outputs))
+        columns["out_dtypes"].append(_dtypes(e.outputs))
+        columns["is_async"].append(e.is_async)
+        columns["unit"].append(e.unit)
+        columns["state"].append(e.state)
+        columns["error"].append(e.error)
+        columns["t_enqueue_ns"].append(e.t_enqueue_ns)
+        columns["t_complete_ns"].append(e.t_complete_ns)
+        columns["t_dev_start_ns"].append(e.t_dev_start_ns)
+        columns["t_dev_end_ns"].append(e.t_dev_end_ns)
+        columns["thread"].append(e.thread)
+        columns["site"].append(format_frame(e.site))
+        columns["stack"].append(None if e.stack is None else [format_frame(f) for f in e.stack])
+        columns["source"].append(e.source)
+    return columns

@@ -1,0 +1,200 @@
+"""Wrap the public torch.distributed functions so every call is recorded, and undo it exactly.
+
+Both `torch.distributed.X` and `torch.distributed.distributed_c10d.X` are replaced: training code
+calls the first, and PyTorch's own helpers (send → isend, all_gather_object → all_gather,
+batch_isend_irecv → isend/irecv) call the second through module globals, which is how composite
+APIs get their inner ops recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from . import log
+from .ops import SPECS, OpSpec
+from .recorder import Recorder
+
+_MODULES = (dist, c10d)
+WRAPPED_MARK = "__flightrec_wrapped__"
+
+
+def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+    tls = rec.tls
+    begin = rec.compile(spec)
+    finish = rec.finish
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not rec.active or tls.in_leaf:
+            return original(*args, **kwargs)
+        try:
+            ctx = begin(args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - never let the recorder break the call
+            log.warn_once(f"begin-{spec.api}", f"could not record {spec.api}: {exc!r}")
+            ctx = None
+        if ctx is None:
+            return original(*args, **kwargs)
+        entry = ctx[0]
+        # A blocking call on a device backend returns before the device ran it: issue it async and
+        # wait ourselves, so the Work (and its completion) is ours to follow.
+        blocking_on_device = entry.device != "cpu" and not entry.is_async and "async_op" in spec.positions
+        if blocking_on_device:
+            args, kwargs = _force_async(spec, args, kwargs)
+        tls.in_leaf = True
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            tls.in_leaf = False
+            try:
+                rec.fail(ctx[0], ctx[1], exc)
+            except Exception as inner:  # noqa: BLE001
+                log.warn_once("fail", f"could not record a failure: {inner!r}")
+            raise
+        tls.in_leaf = False
+        try:
+            finish(entry, ctx[1], result)
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
+        if blocking_on_device:
+            if result is not None:
+                result.wait()
+            return None
+        return result
+
+    setattr(wrapper, WRAPPED_MARK, original)
+    return wrapper
+
+
+def _force_async(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    position = spec.positions["async_op"]
+    if position < len(args):
+        return args[:position] + (True,) + args[position + 1:], kwargs
+    return args, {**kwargs, "async_op": True}
+
+
+def _composite_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+    """APIs made of several backend ops: their inner calls are recorded under this API's name."""
+    tls = rec.tls
+    is_batch = spec.api == "batch_isend_irecv"
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not rec.active or tls.in_leaf:
+            return original(*args, **kwargs)
+        previous_api = tls.api
+        if previous_api is None:
+            tls.api = spec.api
+        previous_unit = rec.start_unit() if is_batch else None
+        works = None
+        try:
+            works = original(*args, **kwargs)
+            return works
+        finally:
+            tls.api = previous_api
+            if is_batch:
+                try:
+                    rec.end_unit(previous_unit, works, blocking=False)
+                except Exception as exc:  # noqa: BLE001
+                    log.warn_once("batch", f"could not follow a batch: {exc!r}")
+
+    setattr(wrapper, WRAPPED_MARK, original)
+    return wrapper
+
+
+def _coalescing_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    tls = rec.tls
+
+    @contextlib.contextmanager
+    def wrapper(group: Any = None, device: Any = None, async_ops: bool = False) -> Iterator[Any]:
+        if not rec.active:
+            with original(group, device, async_ops) as cm:
+                yield cm
+            return
+        previous_api = tls.api
+        if previous_api is None:
+            tls.api = "coalescing_manager"
+        state = rec.groups.get(group if group is not None else c10d._get_default_group())
+        if state is not None:
+            state.busy += 1  # the unit's backend op runs at exit, outside any leaf
+        previous_unit = rec.start_unit()
+        cm = None
+        try:
+            with original(group, device, async_ops) as cm:
+                yield cm
+        finally:
+            tls.api = previous_api
+            try:
+                if state is not None:
+                    state.busy -= 1
+                    seq = state.backend_seq()
+                    if seq > state.last_pg_seq:
+                        state.last_pg_seq = seq
+                rec.end_unit(previous_unit, getattr(cm, "works", None), blocking=not async_ops)
+            except Exception as exc:  # noqa: BLE001
+                log.warn_once("coalescing", f"could not follow a coalescing block: {exc!r}")
+
+    functools.update_wrapper(wrapper, original)
+    setattr(wrapper, WRAPPED_MARK, original)
+    return wrapper
+
+
+_GROUP_CREATORS = ("init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
+
+
+def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Register groups the moment they exist, so C++ ops on them are counted from their first one."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if rec.active:
+            try:
+                rec.groups.discover()
+            except Exception as exc:  # noqa: BLE001
+                log.warn_once("discover", f"could not register new process groups: {exc!r}")
+        return result
+
+    setattr(wrapper, WRAPPED_MARK, original)
+    return wrapper
+
+
+class Patcher:
+    """Installs the wrappers and remembers every original so `restore` puts back exactly them."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.originals: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        wrappers: dict[str, Callable[..., Any]] = {}
+        for spec in SPECS:
+            original = getattr(c10d, spec.api, None)
+            if original is None or hasattr(original, WRAPPED_MARK):
+                continue
+            if spec.kind == "composite":
+                wrappers[spec.api] = _composite_wrapper(self.rec, spec, original)
+            else:
+                wrappers[spec.api] = _leaf_wrapper(self.rec, spec.bind_positions(original), original)
+        for name in _GROUP_CREATORS:
+            original = getattr(c10d, name, None)
+            if original is not None and not hasattr(original, WRAPPED_MARK):
+                wrappers[name] = _creator_wrapper(self.rec, original)
+        original_cm = getattr(c10d, "_coalescing_manager", None)
+        if original_cm is not None and not hasattr(original_cm, WRAPPED_MARK):
+            wrappers["_coalescing_manager"] = _coalescing_wrapper(self.rec, original_cm)
+        for module in _MODULES:
+            for name, wrapper in wrappers.items():
+                if hasattr(module, name):
+                    self.originals.append((module, name, getattr(module, name)))
+                    setattr(module, name, wrapper)
+
+    def restore(self) -> None:
+        for module, name, original in reversed(self.originals):
+            setattr(module, name, original)
+        self.originals.clear()

@@ -1,0 +1,314 @@
+"""The recording core: turns each wrapped call into an Entry and follows it to completion.
+
+Everything here runs on the training thread's hot path or in backend callbacks, so each public
+method swallows its own errors (the wrappers in `patching` make sure of it) and takes no lock that
+could be held for longer than a few dictionary operations.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch.distributed.distributed_c10d as c10d
+
+from . import log
+from .entry import Entry, tensor_meta
+from .groups import GroupRegistry, GroupState
+from .ops import OpSpec, as_tensors
+from .ring import Ring
+from .settings import Settings
+from .stacks import call_site, current_stack
+
+_monotonic_ns = time.monotonic_ns
+_UNSEEN = object()
+_ASYNC_APIS = frozenset(("isend", "irecv", "batch_isend_irecv"))
+
+
+def _endpoint(global_rank: Any, group_rank: Any, group: GroupState, is_root: bool) -> int:
+    """A peer or root as a global rank, whichever way the caller named it."""
+    if global_rank is not None:
+        return int(global_rank)
+    if group_rank is not None:
+        return group.global_rank(int(group_rank))
+    if is_root:
+        return group.ranks[0] if group.ranks else -1  # PyTorch's default root: group rank 0
+    return -1
+
+
+class ThreadState(threading.local):
+    """Per-thread call context; defaults exist in every thread so reading them never raises."""
+
+    def __init__(self) -> None:
+        self.in_leaf = False
+        self.api: str | None = None
+        self.unit: list[Entry] | None = None
+        self.thread_name = threading.current_thread().name
+
+
+class Recorder:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ring: Ring[Entry] = Ring(settings.buffer)
+        self.groups = GroupRegistry()
+        self.pending: dict[int, Entry] = {}
+        self.polled: dict[int, Entry] = {}  # pending ops whose Work has no future: the watchdog polls them
+        self.tls = ThreadState()
+        self.cpp_lock = threading.Lock()  # only around C++-op bookkeeping, held for microseconds
+        self.active = True
+        self.cpp_open: list[Entry] = []  # C++ ops whose completion is not known yet
+        self.on_failure: Callable[[Entry, bool], None] | None = None  # set by the watchdog owner
+
+    # ------------------------------------------------------------------ hot path
+    def compile(self, spec: OpSpec) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Entry, GroupState] | None]:
+        """A `begin` specialised to one API: parameter readers resolved once, not per call."""
+        reader = spec.reader(("group", spec.inputs[0] if spec.inputs else None,
+                              spec.outputs[0] if spec.outputs else None, "async_op", spec.reduce_op,
+                              *(spec.root or spec.peer or (None, None))))
+        endpoint = spec.root or spec.peer
+        is_coll = spec.kind == "coll"
+        is_send = spec.direction == "send"
+        api_name, op_name, kind = spec.api, spec.op, spec.kind
+        always_async = spec.is_async_api
+        by_pg = self.groups.by_pg
+        groups = self.groups
+        ring = self.ring
+        pending = self.pending
+        tls = self.tls
+        settings = self.settings
+        world = c10d._world
+
+        def begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Entry, GroupState] | None:
+            pg, inputs, outputs, async_op, reduce_op, end_global, end_group_rank = reader(args, kwargs)
+            if pg is None:
+                pg = world._default_pg
+            group = by_pg.get(pg, _UNSEEN)
+            if group is _UNSEEN:
+                group = groups.get(pg)
+            if group is None:
+                return None
+            now = _monotonic_ns()
+            group.busy += 1
+            seq_before = group.read_seq()
+            if seq_before > group.last_pg_seq:
+                self.note_cpp_ops(group, seq_before, now)
+            api = tls.api or api_name
+            entry = Entry(ring.next_id(), group.name, kind, op_name, api)
+            if is_coll:
+                group.coll_seq += 1
+                entry.seq = group.coll_seq
+                if endpoint is not None:
+                    entry.root = _endpoint(end_global, end_group_rank, group, True)
+                entry.reduce_op = reduce_op
+            else:
+                peer = entry.peer = _endpoint(end_global, end_group_rank, group, False)
+                if peer >= 0:
+                    counts = group.sent if is_send else group.received
+                    entry.seq = counts[peer] = counts.get(peer, 0) + 1
+            entry.pg_seq = seq_before + 1 if seq_before >= 0 else -1
+            if inputs is not None:
+                if hasattr(inputs, "shape"):
+                    entry.inputs = [(inputs.shape, inputs.dtype)]
+                    if not inputs.is_cpu:
+                        entry.device = inputs.device.type
+                else:
+                    entry.inputs = tensor_meta(as_tensors(inputs))
+            if outputs is not None:
+                if outputs is inputs:
+                    entry.outputs = entry.inputs
+                elif hasattr(outputs, "shape"):
+                    entry.outputs = [(outputs.shape, outputs.dtype)]
+                    if not outputs.is_cpu:
+                        entry.device = outputs.device.type
+                else:
+                    entry.outputs = tensor_meta(as_tensors(outputs))
+            entry.is_async = (always_async and api in _ASYNC_APIS) or bool(async_op)
+            unit = tls.unit
+            if unit is not None:
+                entry.unit = unit[0].id if unit else entry.id
+                unit.append(entry)
+            entry.t_enqueue_ns = now
+            entry.thread = tls.thread_name
+            entry.site = call_site(3)
+            if settings.stacks:
+                entry.stack = current_stack(3)
+            ring.put(entry.id, entry)
+            pending[entry.id] = entry
+            return entry, group
+
+        return begin
+
+    def finish(self, entry: Entry, group: GroupState, result: Any) -> None:
+        """The call returned: completed (CPU, blocking) or still running (async / device)."""
+        seq_after = group.read_seq()
+        if seq_after >= 0:
+            entry.pg_seq = seq_after
+            if seq_after > group.last_pg_seq:
+                group.last_pg_seq = seq_after
+        group.busy -= 1
+        if result is None:
+            if entry.unit >= 0 and entry.is_async:
+                return  # a coalesced op: the unit's works complete it (see end_unit)
+            entry.t_complete_ns = _monotonic_ns()
+            entry.state = "completed"  # blocking call returned (device ops: host-side completion)
+            del self.pending[entry.id]
+            return
+        if entry.kind == "p2p" and entry.peer < 0 and isinstance(result, int) and result >= 0:
+            self._resolve_any_source(entry, group, result)
+        if hasattr(result, "is_completed"):
+            self.watch_work(entry, result)
+        else:
+            self.complete(entry)
+
+    def fail(self, entry: Entry, group: GroupState, exc: BaseException) -> None:
+        self._settle_seq(entry, group)
+        self.mark_failed(entry, exc)
+        if self.on_failure is not None and isinstance(exc, Exception):
+            self.on_failure(entry, True)
+
+    # ------------------------------------------------------------------ completion
+    def complete(self, entry: Entry, when: int | None = None) -> None:
+        entry.t_complete_ns = when or _monotonic_ns()
+        entry.state = "completed"
+        entry.work = None
+        self.pending.pop(entry.id, None)
+
+    def mark_failed(self, entry: Entry, exc: BaseException) -> None:
+        entry.t_complete_ns = _monotonic_ns()
+        entry.state = "failed"
+        entry.error = f"{type(exc).__name__}: {exc}"[:4000]
+        entry.work = None
+        self.pending.pop(entry.id, None)
+
+    def watch_work(self, entry: Entry, work: Any) -> None:
+        """Complete `entry` when its Work does; the watchdog polls works without futures."""
+        entry.work = work
+        try:
+            future = work.get_future()
+            future.add_done_callback(partial(self._on_future_done, entry))
+        except Exception:  # noqa: BLE001 - some backends have no futures: polled instead
+            self.polled[entry.id] = entry
+
+    def _on_future_done(self, entry: Entry, future: Any) -> None:
+        try:
+            work = entry.work
+            try:
+                future.value()
+            except Exception as exc:  # noqa: BLE001 - the op failed: that is the news
+                self.mark_failed(entry, exc)
+                if self.on_failure is not None:
+                    self.on_failure(entry, False)
+                return
+            if entry.kind == "p2p" and entry.peer < 0 and work is not None:
+                group = self._group_by_name(entry.group)
+                source = getattr(work, "_source_rank", None)
+                if group is not None and source is not None:
+                    self._resolve_any_source(entry, group, group.global_rank(int(source())))
+            self.complete(entry)
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once("future-callback", f"completion callback failed: {exc!r}")
+
+    def poll_works(self) -> None:
+        """Watchdog side: complete entries whose Work finished without telling us."""
+        for entry in list(self.polled.values()):
+            work = entry.work
+            if work is None or not entry.pending:
+                self.polled.pop(entry.id, None)
+                continue
+            try:
+                done = work.is_completed()
+            except Exception as exc:  # noqa: BLE001 - a failed work may raise when asked
+                self.polled.pop(entry.id, None)
+                self.mark_failed(entry, exc)
+                continue
+            if done:
+                self.polled.pop(entry.id, None)
+                self.complete(entry)
+
+    # ------------------------------------------------------------------ units (batches, coalescing)
+    def start_unit(self) -> list[Entry] | None:
+        previous = self.tls.unit
+        self.tls.unit = []
+        return previous
+
+    def end_unit(self, previous: list[Entry] | None, works: Any, blocking: bool) -> None:
+        entries: list[Entry] = self.tls.unit or []
+        self.tls.unit = previous
+        if not entries:
+            return
+        works = [w for w in (works or []) if w is not None]
+        unwatched = [e for e in entries if e.pending and e.work is None]
+        if not unwatched:
+            return
+        if works:
+            for entry in unwatched:
+                self.watch_work(entry, works[-1])
+        elif blocking:
+            for entry in unwatched:
+                if entry.device == "cpu":
+                    self.complete(entry)
+
+    # ------------------------------------------------------------------ C++ ops
+    def note_cpp_ops(self, group: GroupState, backend_seq: int, now: int) -> None:
+        """Record collectives the backend ran that no wrapped call explains (issued from C++)."""
+        with self.cpp_lock:
+            first = group.last_pg_seq + 1
+            if backend_seq < first:
+                return
+            for pg_seq in range(first, backend_seq + 1):
+                entry = Entry(self.ring.next_id(), group.name, "coll", "unknown", "c++")
+                group.coll_seq += 1
+                entry.seq = group.coll_seq
+                entry.pg_seq = pg_seq
+                entry.source = "c++"
+                entry.state = "unknown"
+                entry.t_enqueue_ns = now
+                self.ring.put(entry.id, entry)
+                self.cpp_open.append(entry)
+            group.last_pg_seq = backend_seq
+            if len(self.cpp_open) > self.ring.capacity:
+                del self.cpp_open[: len(self.cpp_open) - self.ring.capacity]
+
+    def scan_cpp_ops(self) -> None:
+        """Watchdog side: a C++ op issued while no wrapped op of the group is in flight."""
+        now = _monotonic_ns()
+        for group in self.groups.live():
+            if group.busy:
+                continue
+            seq = group.backend_seq()
+            if seq > group.last_pg_seq:
+                with self.cpp_lock:
+                    if group.busy:
+                        continue
+                self.note_cpp_ops(group, seq, now)
+
+    # ------------------------------------------------------------------ helpers
+    def _settle_seq(self, entry: Entry, group: GroupState) -> None:
+        seq_after = group.backend_seq()
+        if seq_after >= 0:
+            entry.pg_seq = seq_after
+            if seq_after > group.last_pg_seq:
+                group.last_pg_seq = seq_after
+        group.busy -= 1
+
+    def _resolve_any_source(self, entry: Entry, group: GroupState, source: int) -> None:
+        entry.peer = source
+        entry.seq = group.received[source] = group.received.get(source, 0) + 1
+
+    def _group_by_name(self, name: str) -> GroupState | None:
+        for group in self.groups.known():
+            if group.name == name:
+                return group
+        return None
+
+    def oldest_pending(self) -> Entry | None:
+        pending = list(self.pending.values())
+        return min(pending, key=lambda e: e.t_enqueue_ns) if pending else None
+
+    def entries(self) -> list[Entry]:
+        items = self.ring.snapshot()
+        items.sort(key=lambda e: e.id)
+        return items

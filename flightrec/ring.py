@@ -1,0 +1,52 @@
+"""Fixed-size ring of recorded entries.
+
+Append is O(1) and lock-free (an atomic counter picks the slot); a reader takes a consistent
+snapshot by copying the slot list, which the GIL makes atomic, so the watchdog can read while
+training threads append.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Ring(Generic[T]):
+    __slots__ = ("_slots", "_capacity", "_ids", "_recorded")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"ring capacity must be >= 1, got {capacity}")
+        self._slots: list[T | None] = [None] * capacity
+        self._capacity = capacity
+        self._ids = itertools.count()
+        self._recorded = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def recorded(self) -> int:
+        """Entries ever appended (ids handed out)."""
+        return self._recorded
+
+    @property
+    def dropped(self) -> int:
+        return max(0, self._recorded - self._capacity)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def put(self, record_id: int, item: T) -> None:
+        """Store `item` under an id from `next_id`; overwrites the oldest slot once full."""
+        self._slots[record_id % self._capacity] = item
+        if record_id >= self._recorded:
+            self._recorded = record_id + 1
+
+    def snapshot(self) -> list[T]:
+        """Live items, oldest first (caller sorts by id if items carry one)."""
+        items = [item for item in list(self._slots) if item is not None]
+        return items

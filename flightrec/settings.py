@@ -1,0 +1,109 @@
+"""Recorder settings, read from the environment.
+
+Invalid values never crash the job: `load_settings` raises `SettingsError` with a one-line message
+naming the variable, and the caller turns the recorder off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_DIR = "./flightrec-dumps"
+DEFAULT_BUFFER = 2000
+DEFAULT_TIMEOUT_S = 300.0
+MAX_BUFFER = 10_000_000
+
+
+class SettingsError(ValueError):
+    """A setting has a value the recorder cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the recorder can be told; defaults are the documented ones."""
+
+    dir: str = DEFAULT_DIR
+    buffer: int = DEFAULT_BUFFER
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    stacks: bool = False
+    dump_on_exit: bool = False
+    poll_s: float = field(default=0.0)  # 0 = derived from timeout_s
+
+    @property
+    def watchdog_tick_s(self) -> float:
+        """How often the watchdog wakes: fast enough to honour short test timeouts, cheap otherwise."""
+        if self.poll_s > 0:
+            return self.poll_s
+        return min(0.5, max(0.05, self.timeout_s / 10))
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "dir": self.dir,
+            "buffer": self.buffer,
+            "timeout_s": self.timeout_s,
+            "stacks": self.stacks,
+            "dump_on_exit": self.dump_on_exit,
+        }
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a boolean (use 0 or 1)")
+
+
+def _parse_buffer(raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise SettingsError(f"FLIGHTREC_BUFFER={raw!r} is not an integer number of entries") from None
+    if not 1 <= value <= MAX_BUFFER:
+        raise SettingsError(f"FLIGHTREC_BUFFER={raw!r} must be between 1 and {MAX_BUFFER}")
+    return value
+
+
+def _parse_timeout(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise SettingsError(f"FLIGHTREC_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(f"FLIGHTREC_TIMEOUT={raw!r} must be a positive number of seconds")
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Settings from `env` (default `os.environ`), then keyword overrides from `flightrec.enable()`."""
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    if "FLIGHTREC_DIR" in env:
+        if not env["FLIGHTREC_DIR"].strip():
+            raise SettingsError("FLIGHTREC_DIR is empty: give a folder for the dumps")
+        values["dir"] = env["FLIGHTREC_DIR"]
+    if "FLIGHTREC_BUFFER" in env:
+        values["buffer"] = _parse_buffer(env["FLIGHTREC_BUFFER"])
+    if "FLIGHTREC_TIMEOUT" in env:
+        values["timeout_s"] = _parse_timeout(env["FLIGHTREC_TIMEOUT"])
+    if "FLIGHTREC_STACKS" in env:
+        values["stacks"] = _parse_bool("FLIGHTREC_STACKS", env["FLIGHTREC_STACKS"])
+    if "FLIGHTREC_DUMP_ON_EXIT" in env:
+        values["dump_on_exit"] = _parse_bool("FLIGHTREC_DUMP_ON_EXIT", env["FLIGHTREC_DUMP_ON_EXIT"])
+    for key, value in overrides.items():
+        if key not in Settings.__dataclass_fields__:
+            raise SettingsError(f"flightrec.enable() got an unknown option {key!r}")
+        if key == "buffer":
+            value = _parse_buffer(str(value))
+        elif key == "timeout_s":
+            value = _parse_timeout(str(value))
+        elif key in ("stacks", "dump_on_exit"):
+            value = bool(value)
+        elif key == "dir":
+            value = os.fspath(value)  # type: ignore[arg-type]
+        values[key] = value
+    return Settings(**values)  # type: ignore[arg-type]

@@ -1,0 +1,129 @@
+"""Dump when the launcher terminates us, even while the main thread is blocked in C++.
+
+A Python signal handler only runs when the main thread returns to the interpreter, which a rank
+blocked inside a collective never does. So SIGTERM also goes through `signal.set_wakeup_fd`: the
+interpreter's C handler writes the signal number to a pipe at once, and the watchdog thread, which
+reads that pipe, writes the dump and then lets the signal take its default course.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import log
+
+_SIG_DFL_PTR = 0
+
+
+class TermHandler:
+    def __init__(self, dump: Callable[[str], None]) -> None:
+        self._dump = dump
+        self._previous: Any = None
+        self._installed = False
+        self._owns_wakeup = False
+        self.read_fd = -1
+        self._write_fd = -1
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            log.warn_once("sigterm-thread", "not armed from the main thread: no dump on SIGTERM")
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous in (signal.SIG_IGN, None):
+            return
+        self._previous = previous
+        signal.signal(signal.SIGTERM, self._on_signal)
+        self._installed = True
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        old = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        if old != -1:  # someone (asyncio) owns the wakeup fd: give it back, rely on the handler
+            signal.set_wakeup_fd(old)
+            os.close(read_fd)
+            os.close(write_fd)
+            return
+        self.read_fd, self._write_fd = read_fd, write_fd
+        self._owns_wakeup = True
+
+    def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._installed and signal.getsignal(signal.SIGTERM) == self._on_signal:
+            signal.signal(signal.SIGTERM, self._previous)
+        self._installed = False
+        if self._owns_wakeup:
+            signal.set_wakeup_fd(-1)
+            self._owns_wakeup = False
+            for fd in (self.read_fd, self._write_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.read_fd = self._write_fd = -1
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (DataLoader worker) must not write into our pipe or dump as us."""
+        if self._owns_wakeup:
+            try:
+                signal.set_wakeup_fd(-1)
+            except (ValueError, OSError):
+                pass
+        if self._installed:
+            try:
+                signal.signal(signal.SIGTERM, self._previous)
+            except (ValueError, OSError):
+                pass
+        self._installed = self._owns_wakeup = False
+
+    def drain(self) -> bool:
+        """Watchdog side: True when a SIGTERM arrived since the last call."""
+        got = False
+        while self.read_fd >= 0:
+            try:
+                data = os.read(self.read_fd, 512)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            got = got or signal.SIGTERM in data
+        return got
+
+    def dump_once(self) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            try:
+                self._dump("signal")
+            finally:
+                self._done.set()
+
+    def handle_from_watchdog(self) -> None:
+        """Dump, then die of SIGTERM as the process would have without us."""
+        self.dump_once()
+        if self._previous in (signal.SIG_DFL,):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+                libc.signal.restype = ctypes.c_void_p
+                libc.signal(signal.SIGTERM, _SIG_DFL_PTR)
+            except Exception:  # noqa: BLE001
+                pass
+            os.kill(os.getpid(), signal.SIGTERM)
+        # a Python handler of the user's runs when the main thread gets back to Python
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.dump_once()
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)

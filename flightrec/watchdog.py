@@ -1,0 +1,183 @@
+"""The watchdog thread: notices hangs, failures and requests, and has the dumps written.
+
+It never blocks on anything the training thread holds: it reads the ring by snapshot, talks to the
+store through its own client, and waits with `select` on the signal pipe so a SIGTERM is handled
+within milliseconds even when the main thread is stuck in C++.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from . import log, torch_fr
+from .entry import Entry, format_frame
+from .recorder import Recorder
+from .settings import Settings
+from .signals import TermHandler
+from .triggers import FileTrigger, StoreTrigger
+
+_DISCOVER_EVERY_S = 0.5
+_FR_STATUS_EVERY_S = 1.0
+_PEER_REQUEST_EVERY_S = 5.0
+
+
+def describe(entry: Entry) -> str:
+    where = format_frame(entry.site)
+    target = f" peer={entry.peer}" if entry.kind == "p2p" else ""
+    return f"{entry.op} group={entry.group} seq={entry.seq}{target} at {where or '?'}"
+
+
+class Watchdog:
+    def __init__(self, rec: Recorder, settings: Settings, dump: Callable[[str, str | None], bool],
+                 term: TermHandler) -> None:
+        self.rec = rec
+        self.settings = settings
+        self._dump = dump
+        self.term = term
+        self.store = StoreTrigger()
+        self.files = FileTrigger(settings.dir)
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._failures: list[tuple[Entry, bool]] = []
+        self._fired: set[int] = set()
+        self._next_discover = 0.0
+        self._next_fr = 0.0
+        self._last_peer_request = -1e18
+        self.last_dump_mono_ns = 0
+        self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self.wake()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def notify_failure(self, entry: Entry, dumped: bool) -> None:
+        self._failures.append((entry, dumped))
+        self.wake()
+
+    def dumped_now(self) -> None:
+        self.last_dump_mono_ns = time.monotonic_ns()
+
+    # ------------------------------------------------------------------ loop
+    def _run(self) -> None:
+        tick = self.settings.watchdog_tick_s
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - the watchdog must outlive its own bugs
+                if sys.is_finalizing():
+                    return
+                log.warn_once(f"watchdog-{type(exc).__name__}", f"watchdog error: {exc!r}")
+            fds = [self._wake_r] + ([self.term.read_fd] if self.term.read_fd >= 0 else [])
+            try:
+                ready, _, _ = select.select(fds, [], [], tick)
+            except (OSError, ValueError):
+                if self._stop.wait(tick):
+                    return
+                continue
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
+
+    def _tick(self) -> None:
+        if self.term.drain():
+            self.term.handle_from_watchdog()
+            return
+        self._handle_failures()
+        rec = self.rec
+        now = time.monotonic()
+        rec.poll_works()
+        if now >= self._next_discover:
+            self._next_discover = now + _DISCOVER_EVERY_S
+            rec.groups.discover()
+        rec.scan_cpp_ops()
+        if now >= self._next_fr:
+            self._next_fr = now + _FR_STATUS_EVERY_S
+            self._update_cpp_states()
+        self._check_timeouts()
+        reason = self.files.poll()
+        if reason is not None:
+            self._dump("manual" if reason == "manual" else reason, "dump requested through the dump folder")
+        request = self.store.poll()
+        if request is not None:
+            self._dump("peer_request", request[1])
+
+    def _handle_failures(self) -> None:
+        while self._failures:
+            entry, dumped = self._failures.pop(0)
+            detail = f"{describe(entry)} failed: {entry.error}"
+            if not dumped:
+                self._dump("op_failed", detail)
+            self._ask_peers(f"op_failed on rank {_rank()}: {detail}")
+
+    def _update_cpp_states(self) -> None:
+        oldest_kept = self.rec.ring.recorded - self.rec.ring.capacity
+        open_cpp = [e for e in self.rec.cpp_open if e.state in ("unknown", "started") and e.id >= oldest_kept]
+        self.rec.cpp_open[:] = open_cpp
+        if not open_cpp:
+            return
+        status = torch_fr.read(include_entries=False)
+        if status is None:
+            return
+        done = torch_fr.completed_seqs(status)
+        now = time.monotonic_ns()
+        for entry in open_cpp:
+            last = done.get(entry.group)
+            if last is None:
+                continue
+            if entry.pg_seq <= last:
+                entry.state, entry.t_complete_ns = "completed", now
+            else:
+                entry.state = "started"
+
+    def _check_timeouts(self) -> None:
+        limit_ns = int(self.settings.timeout_s * 1e9)
+        now = time.monotonic_ns()
+        candidates = list(self.rec.pending.values())
+        candidates += [e for e in self.rec.cpp_open if e.state == "started"]
+        stuck = [e for e in candidates if e.pending and now - e.t_enqueue_ns > limit_ns and e.id not in self._fired]
+        if not stuck:
+            return
+        oldest = min(stuck, key=lambda e: e.t_enqueue_ns)
+        self._fired.update(e.id for e in stuck)
+        if self.last_dump_mono_ns > oldest.t_enqueue_ns:
+            return  # already in a dump taken while it was pending (e.g. a peer asked first)
+        waited = (now - oldest.t_enqueue_ns) / 1e9
+        detail = f"{describe(oldest)} incomplete after {waited:.1f}s"
+        self._dump("timeout", detail)
+        self._ask_peers(f"timeout on rank {_rank()}: {detail}")
+
+    def _ask_peers(self, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._last_peer_request < _PEER_REQUEST_EVERY_S:
+            return
+        self._last_peer_request = now
+        self.store.request(reason)
+
+
+def _rank() -> str:
+    return os.environ.get("RANK", "?")

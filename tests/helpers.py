@@ -1,0 +1,80 @@
+"""Bounded multi-process gloo jobs for tests: a hang fails the test, and no process outlives it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+from fixtures.launch import free_port, kill_tree
+
+
+class JobFailed(AssertionError):
+    pass
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0,
+              allow_failure: bool = False) -> list[int | None]:
+    """Run `fn(rank, world_size, port, *args)` in `world_size` spawned processes; returns exit codes."""
+    port = free_port()
+    ctx = mp.start_processes(fn, args=(world_size, port, *args), nprocs=world_size, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if all(not p.is_alive() for p in ctx.processes):
+                break
+            time.sleep(0.05)
+        else:
+            raise JobFailed(f"job did not finish within {timeout_s}s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                kill_tree(p.pid)
+            p.join(5)
+    codes = [p.exitcode for p in ctx.processes]
+    if not allow_failure and any(code != 0 for code in codes):
+        raise JobFailed(f"ranks exited with {codes}")
+    return codes
+
+
+def init_rank(rank: int, world_size: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def load_dump(folder: str | Path, rank: int) -> dict[str, Any]:
+    with gzip.open(Path(folder) / f"rank-{rank:05d}.json.gz", "rt") as handle:
+        return json.load(handle)
+
+
+def entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
+    """Column-oriented entries as a list of row dicts, for readable assertions."""
+    cols = dump["entries"]
+    n = len(cols["id"])
+    return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()
+
+
+def terminate(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,114 @@
+"""Every recorded API shows up with the right op, group, peer, shapes and matching sequence numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.helpers import entries, load_dump, run_ranks
+from tests.recorder import workers
+
+WORLD = 3
+
+
+@pytest.fixture(scope="module")
+def coverage_dumps(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict]]:
+    out = tmp_path_factory.mktemp("coverage")
+    run_ranks(workers.every_api, WORLD, str(out), timeout_s=90)
+    return [entries(load_dump(out, r)) for r in range(WORLD)]
+
+
+def _python(rows: list[dict]) -> list[dict]:
+    return [e for e in rows if e["source"] == "python"]
+
+
+def test_collectives_line_up_on_every_rank(coverage_dumps: list[list[dict]]) -> None:
+    per_rank = [[(e["group"], e["seq"], e["op"], e["api"]) for e in _python(rows) if e["kind"] == "coll" and e["group"] == "0"]
+                for rows in coverage_dumps]
+    assert per_rank[0] == per_rank[1] == per_rank[2]
+    ops = [op for _, _, op, _ in per_rank[0]]
+    assert ops[:4] == ["all_reduce", "all_reduce", "all_gather", "all_gather_into_tensor"]
+    for expected in ("reduce", "reduce_scatter_tensor", "broadcast", "scatter", "gather", "all_to_all_single",
+                     "barrier", "monitored_barrier"):
+        assert expected in ops, expected
+    seqs = [seq for _, seq, _, _ in per_rank[0]]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_details_of_each_op(coverage_dumps: list[list[dict]]) -> None:
+    rows = _python(coverage_dumps[0])
+    by_api = {}
+    for e in rows:
+        by_api.setdefault(e["api"], []).append(e)
+    first, second = by_api["all_reduce"][:2]
+    assert first["in_shapes"] == [[4]] and first["in_dtypes"] == ["float32"] and first["reduce_op"] == "SUM"
+    assert second["is_async"] and second["reduce_op"] == "MAX" and second["state"] == "completed"
+    gather = by_api["all_gather"][0]
+    assert gather["out_shapes"] == [[4]] * WORLD
+    assert [e["op"] for e in by_api["all_gather_object"]] == ["all_gather", "all_gather"]
+    assert [e["op"] for e in by_api["broadcast_object_list"]] == ["broadcast", "broadcast"]
+    assert by_api["reduce"][0]["root"] == 1
+    assert by_api["broadcast"][0]["root"] == 2
+    assert by_api["scatter"][0]["root"] == 0 and by_api["scatter"][0]["in_shapes"] == [[3]] * WORLD
+    assert by_api["gather"][0]["root"] == 1
+    assert all(e["state"] == "completed" for e in rows)
+    assert all(e["site"].endswith("in every_api") for e in rows), {e["site"] for e in rows}
+    assert all(e["t_complete_ns"] >= e["t_enqueue_ns"] for e in rows)
+
+
+def test_p2p_pairs_and_batches(coverage_dumps: list[list[dict]]) -> None:
+    for rank, rows in enumerate(coverage_dumps):
+        p2p = [e for e in rows if e["kind"] == "p2p"]
+        right, left = (rank + 1) % WORLD, (rank - 1) % WORLD
+        sends = [e for e in p2p if e["op"] == "send"]
+        recvs = [e for e in p2p if e["op"] == "recv"]
+        assert [e["api"] for e in sends] == ["send", "isend", "batch_isend_irecv"]
+        assert [e["api"] for e in recvs] == ["recv", "irecv", "batch_isend_irecv"]
+        assert {e["peer"] for e in sends} == {right} and {e["peer"] for e in recvs} == {left}
+        assert [e["seq"] for e in sends] == [1, 2, 3] and [e["seq"] for e in recvs] == [1, 2, 3]
+        assert [e["in_shapes"] for e in sends] == [[[6]], [[7]], [[8]]]
+        assert [e["out_shapes"] for e in recvs] == [[[6]], [[7]], [[8]]]
+        batch = [e for e in p2p if e["api"] == "batch_isend_irecv"]
+        assert len({e["unit"] for e in batch}) == 1 and batch[0]["unit"] >= 0
+        assert all(e["state"] == "completed" for e in p2p)
+    # the k-th send r -> r+1 is the k-th receive of r+1 from r
+    for rank, rows in enumerate(coverage_dumps):
+        right = (rank + 1) % WORLD
+        sent = [(e["seq"], e["in_shapes"]) for e in rows if e["op"] == "send"]
+        got = [(e["seq"], e["out_shapes"]) for e in coverage_dumps[right] if e["op"] == "recv" and e["peer"] == rank]
+        assert sent == got
+
+
+def test_coalescing_manager_is_one_unit(coverage_dumps: list[list[dict]]) -> None:
+    for rows in coverage_dumps:
+        block = [e for e in rows if e["api"] == "coalescing_manager"]
+        assert [e["op"] for e in block] == ["all_reduce", "all_reduce"]
+        assert len({e["unit"] for e in block}) == 1
+        assert all(e["state"] == "completed" for e in block)
+
+
+def test_subgroup_from_new_group(coverage_dumps: list[list[dict]]) -> None:
+    def sub_rows(rows: list[dict]) -> list[tuple]:
+        return [(e["group"], e["seq"], e["op"]) for e in rows if e["group"] != "0"]
+
+    assert sub_rows(coverage_dumps[0]) == sub_rows(coverage_dumps[2])
+    assert len(sub_rows(coverage_dumps[0])) == 2 and sub_rows(coverage_dumps[1]) == []
+    assert [s for _, s, _ in sub_rows(coverage_dumps[0])] == [1, 2]
+
+
+def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, coverage_dumps: list[list[dict]]) -> None:
+    # re-read one raw dump for the header fields
+    out = next(tmp_path_factory.getbasetemp().glob("coverage*"))
+    dump = load_dump(out, 2)
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 1
+    assert dump["rank"] == 2 and dump["world_size"] == WORLD and dump["backends"] == ["gloo"]
+    assert dump["reason"] == "api:coverage"
+    groups = {g["name"]: g for g in dump["groups"]}
+    assert groups["0"]["ranks"] == [0, 1, 2] and groups["0"]["desc"] == "default_pg"
+    sub = [g for g in groups.values() if g["ranks"] == [0, 2]]
+    assert sub and sub[0]["rank_in_group"] == 1
+    assert dump["clock"]["wall_ns"] > dump["clock"]["mono_ns"] > 0
+    assert any(t["is_main"] for t in dump["threads"])
+    counts = Counter(len(v) for v in dump["entries"].values())
+    assert len(counts) == 1  # every column has one value per entry

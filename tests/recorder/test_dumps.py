@@ -1,0 +1,171 @@
+"""When dumps happen: timeout (job-wide), failing op, exit, manual trigger, SIGTERM; and where they can't."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fixtures.launch import kill_tree, launch
+from tests.helpers import entries, load_dump, run_ranks, wait_for
+from tests.recorder import workers
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "fixtures" / "jobs" / "train.py"
+
+
+def test_sleeping_rank_makes_every_rank_dump_within_the_timeout(tmp_path: Path) -> None:
+    timeout = 2.0
+    result = launch(TRAIN, 4, tmp_path, ["--fault", "compute_hang", "--fault-rank", "2", "--fault-step", "2"],
+                    env={"FLIGHTREC_TIMEOUT": str(timeout)}, wait_for_ranks=[0, 1, 2, 3], timeout_s=60)
+    assert not result.timed_out, result.output[-3000:]
+    dumps = {r: load_dump(tmp_path, r) for r in range(4)}
+    # the first dump comes one timeout after the hang, the rest a few seconds later at most
+    times = sorted(d["dump_time_ns"] for d in dumps.values())
+    assert (times[-1] - times[0]) / 1e9 < 5.0
+    sleeper = dumps[2]
+    main_stack = next(t["stack"] for t in sleeper["threads"] if t["is_main"])
+    assert main_stack[-1].endswith("in stall_in_compute"), main_stack
+    assert sleeper["reason"] == "peer_request"
+    waiting = [d for r, d in dumps.items() if r != 2]
+    assert any(d["reason"] == "timeout" for d in waiting)
+    for d in waiting:
+        pending = [e for e in entries(d) if e["state"] == "started"]
+        assert [(e["op"], e["seq"]) for e in pending] == [("all_reduce", 3)], pending
+    assert not [e for e in entries(sleeper) if e["state"] == "started"]
+    assert all(d["world_size"] == 4 and d["job_id"] for d in dumps.values())
+
+
+def test_failing_op_dumps_at_once(tmp_path: Path) -> None:
+    codes = run_ranks(workers.failing_op, 2, str(tmp_path), timeout_s=60, allow_failure=True)
+    assert codes[0] == 3, codes
+    dump = load_dump(tmp_path, 0)
+    assert dump["reason"] == "op_failed"
+    failed = [e for e in entries(dump) if e["state"] == "failed"]
+    assert len(failed) == 1 and failed[0]["op"] == "all_reduce" and failed[0]["seq"] == 2
+    assert failed[0]["error"]
+
+
+def test_dump_on_exit(tmp_path: Path) -> None:
+    run_ranks(workers.exit_dump, 2, str(tmp_path), timeout_s=60)
+    for rank in range(2):
+        dump = load_dump(tmp_path, rank)
+        assert dump["reason"] == "exit"
+        assert [e["op"] for e in entries(dump)] == ["all_reduce"] * 3
+        assert all(e["state"] == "completed" for e in entries(dump))
+
+
+def test_no_dump_at_exit_by_default(tmp_path: Path) -> None:
+    result = launch(TRAIN, 2, tmp_path, ["--steps", "2"], timeout_s=60)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.dumps == []
+
+
+def test_manual_trigger_while_every_rank_is_blocked(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    from fixtures.launch import free_port
+
+    ctx = mp.start_processes(workers.blocked_forever, args=(3, free_port(), str(tmp_path)), nprocs=3,
+                             join=False, start_method="spawn")
+    try:
+        assert wait_for(lambda: all((tmp_path / f".ready-{r}").exists() for r in range(3)), 60)
+        time.sleep(0.5)
+        cli = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert cli.returncode == 0, cli.stderr
+        assert wait_for(lambda: all((tmp_path / f"rank-{r:05d}.json.gz").exists() for r in range(3)), 15)
+        for rank in range(3):
+            assert load_dump(tmp_path, rank)["reason"] == "manual"
+    finally:
+        for p in ctx.processes:
+            kill_tree(p.pid)
+            p.join(5)
+
+
+def test_sigterm_dumps_then_dies_of_sigterm(tmp_path: Path) -> None:
+    result = launch(TRAIN, 2, tmp_path, ["--fault", "compute_hang", "--fault-rank", "0", "--fault-step", "1"],
+                    env={"FLIGHTREC_TIMEOUT": "300"}, wait_for_ranks=None, timeout_s=4)
+    assert result.timed_out and result.dumps == []  # no timeout, no dump: the job just hangs
+    # now the same hang, but the launcher terminates the workers as torchrun does when one fails
+    script = f"""
+import subprocess, sys, time, os, signal
+sys.path.insert(0, {str(ROOT)!r})
+from fixtures.launch import descendants, kill_tree, free_port
+env = dict(os.environ, FLIGHTREC="1", FLIGHTREC_DIR={str(tmp_path / 'term')!r}, FLIGHTREC_TIMEOUT="300")
+p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    "--master_addr", "127.0.0.1", "--master_port", str(free_port()), {str(TRAIN)!r},
+    "--fault", "compute_hang", "--fault-rank", "0", "--fault-step", "1"], env=env, start_new_session=True)
+time.sleep(8)
+workers = [pid for pid in descendants(p.pid) if b"train.py" in open(f"/proc/{{pid}}/cmdline", "rb").read()]
+workers = [w for w in workers if not any(w in descendants(o) for o in workers)]
+for w in workers:
+    os.kill(w, signal.SIGTERM)
+codes = []
+for w in workers:
+    for _ in range(100):
+        try:
+            os.kill(w, 0)
+            if open(f"/proc/{{w}}/stat").read().split()[2] == "Z":
+                break
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+kill_tree(p.pid)
+print(len(workers))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "2"
+    folder = tmp_path / "term"
+    for rank in range(2):
+        dump = load_dump(folder, rank)
+        assert dump["reason"] == "signal"
+    blocked = entries(load_dump(folder, 1))
+    assert [e["state"] for e in blocked if e["op"] == "all_reduce"][-1] == "started"
+
+
+def test_unwritable_folder_keeps_the_job_alive(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result_prefix = str(tmp_path / "result")
+    run_ranks(workers.unwritable, 2, str(not_a_dir / "dumps"), result_prefix, timeout_s=60)
+    for rank in range(2):
+        assert Path(f"{result_prefix}.{rank}").read_text() == "None"
+    err = capfd.readouterr().err
+    assert "could not write a dump" in err
+    assert err.count("could not write a dump") <= 2  # once per rank, not once per attempt
+
+
+def test_dump_is_atomic_and_replaces_older(tmp_path: Path) -> None:
+    from flightrec.dumper import write_dump
+
+    write_dump({"rank": 3, "n": 1}, str(tmp_path))
+    (tmp_path / ".rank-00003.json.gz.999999.tmp").write_bytes(b"half")  # left by a killed writer
+    path = write_dump({"rank": 3, "n": 2}, str(tmp_path))
+    assert os.path.basename(path) == "rank-00003.json.gz"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-00003.json.gz"]
+    assert load_dump(tmp_path, 3)["n"] == 2
+
+
+def test_sigterm_to_an_idle_process_keeps_default_exit(tmp_path: Path) -> None:
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+import flightrec
+flightrec.enable(dir={str(tmp_path)!r})
+print("ready", flush=True)
+time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        proc.kill()

@@ -1,0 +1,164 @@
+"""Settings, ring, enable/disable, fork and start-up behaviour of the recorder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flightrec.ring import Ring
+from flightrec.settings import Settings, SettingsError, load_settings
+from tests.helpers import entries, load_dump, run_ranks
+from tests.recorder import workers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    s = load_settings({})
+    assert s == Settings(dir="./flightrec-dumps", buffer=2000, timeout_s=300.0, stacks=False, dump_on_exit=False)
+
+
+def test_settings_from_environment() -> None:
+    s = load_settings({"FLIGHTREC_DIR": "/x", "FLIGHTREC_BUFFER": "10", "FLIGHTREC_TIMEOUT": "1.5",
+                       "FLIGHTREC_STACKS": "1", "FLIGHTREC_DUMP_ON_EXIT": "1"})
+    assert (s.dir, s.buffer, s.timeout_s, s.stacks, s.dump_on_exit) == ("/x", 10, 1.5, True, True)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("FLIGHTREC_BUFFER", "lots"), ("FLIGHTREC_BUFFER", "0"), ("FLIGHTREC_TIMEOUT", "-1"),
+    ("FLIGHTREC_TIMEOUT", "nan"), ("FLIGHTREC_STACKS", "maybe"), ("FLIGHTREC_DUMP_ON_EXIT", "2"), ("FLIGHTREC_DIR", " "),
+])
+def test_invalid_values_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        load_settings({name: value})
+
+
+def test_invalid_value_turns_the_recorder_off_not_the_job() -> None:
+    code = "import torch.distributed as d, flightrec.control as c; print('armed' if c.current() else 'off')"
+    env = dict(os.environ, FLIGHTREC="1", FLIGHTREC_TIMEOUT="soon")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "off"
+    lines = [line for line in out.stderr.splitlines() if "flightrec" in line]
+    assert len(lines) == 1 and "FLIGHTREC_TIMEOUT='soon'" in lines[0]
+
+
+def test_startup_hook_arms_only_when_asked() -> None:
+    code = "import sys; print('torch' in sys.modules); import torch.distributed as d; print(hasattr(d.all_reduce, '__flightrec_wrapped__'))"
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, FLIGHTREC="1"))
+    assert off.stdout.split() == ["False", "False"], off.stderr
+    assert on.stdout.split() == ["False", "True"], on.stderr  # the hook itself imports no torch
+
+
+def test_ring_wraps_in_constant_memory() -> None:
+    ring: Ring[int] = Ring(4)
+    for _ in range(10):
+        i = ring.next_id()
+        ring.put(i, i)
+    assert sorted(ring.snapshot()) == [6, 7, 8, 9]
+    assert ring.recorded == 10 and ring.dropped == 6 and len(ring._slots) == 4
+
+
+def test_ring_wrap_in_a_real_job(tmp_path: Path) -> None:
+    run_ranks(workers.ring_wrap, 2, str(tmp_path), 16, 50, timeout_s=60)
+    for rank in range(2):
+        dump = load_dump(tmp_path, rank)
+        rows = entries(dump)
+        assert len(rows) == 16 and dump["dropped"] == 34 and dump["recorded"] == 50
+        assert [e["seq"] for e in rows] == list(range(35, 51))
+
+
+def test_ddp_cpp_allreduces_are_recorded(tmp_path: Path) -> None:
+    run_ranks(workers.ddp_training, 2, str(tmp_path), timeout_s=90)
+    per_rank = []
+    for rank in range(2):
+        rows = entries(load_dump(tmp_path, rank))
+        cpp = [e for e in rows if e["source"] == "c++"]
+        # DDP init (broadcasts from C++) and one gradient all-reduce per backward
+        reduces = [e for e in cpp if e["op"] == "all_reduce"]
+        assert len(reduces) == 3, cpp
+        assert all(e["api"] == "c++" and e["state"] == "completed" for e in reduces)
+        assert all(e["in_shapes"] for e in reduces)
+        per_rank.append([(e["group"], e["seq"], e["op"]) for e in rows])
+    assert per_rank[0] == per_rank[1]
+
+
+def test_disable_restores_everything() -> None:
+    code = f"""
+import sys, signal
+sys.path.insert(0, {str(ROOT)!r})
+import torch.distributed as dist, torch.distributed.distributed_c10d as c10d
+names = [n for n in dir(c10d) if callable(getattr(c10d, n))]
+before = {{(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in names if hasattr(m, n)}}
+handler, wakeup = signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
+import flightrec
+assert flightrec.enable(dir="/tmp/unused")
+assert dist.all_reduce is not before[("torch.distributed", "all_reduce")]
+assert signal.getsignal(signal.SIGTERM) is not handler
+flightrec.disable()
+after = {{(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in names if hasattr(m, n)}}
+changed = [k for k in before if before[k] is not after[k]]
+assert not changed, changed
+assert signal.getsignal(signal.SIGTERM) is handler
+assert signal.set_wakeup_fd(-1) == -1
+import threading
+assert not [t for t in threading.enumerate() if t.name == "flightrec-watchdog"]
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_forked_child_neither_records_nor_watches(tmp_path: Path) -> None:
+    code = f"""
+import os, sys, threading
+sys.path.insert(0, {str(ROOT)!r})
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+import torch, torch.distributed as dist
+import flightrec, flightrec.control as control
+flightrec.enable(dir={str(tmp_path)!r})
+store = dist.HashStore()
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+armed = control.current()
+before = armed.recorder.ring.recorded
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    threads = [t.name for t in threading.enumerate()]
+    ok = control.current() is None and not armed.recorder.active and "flightrec-watchdog" not in threads
+    os.write(w, b"1" if ok else b"0")
+    os._exit(0)
+os.waitpid(pid, 0)
+child_ok = os.read(r, 1) == b"1"
+dist.all_reduce(torch.ones(2))
+print(child_ok, armed.recorder.ring.recorded - before, armed.recorder.active)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "1", "True"], out.stderr[-2000:]
+
+
+def test_sigterm_handler_chains_to_a_user_handler(tmp_path: Path) -> None:
+    code = f"""
+import os, sys, signal, time
+sys.path.insert(0, {str(ROOT)!r})
+hits = []
+signal.signal(signal.SIGTERM, lambda s, f: hits.append(s))
+import flightrec
+flightrec.enable(dir={str(tmp_path)!r})
+import torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+print(hits == [signal.SIGTERM], os.path.exists({str(tmp_path / "rank-00000.json.gz")!r}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr[-2000:]
+    assert signal.SIGTERM  # the parent is untouched

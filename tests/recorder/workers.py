@@ -1,0 +1,133 @@
+"""Rank functions for the recorder tests (module level so spawn can import them)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import flightrec
+from tests.helpers import init_rank
+
+
+def every_api(rank: int, world_size: int, port: int, out: str) -> None:
+    """Call every recorded API once, in the same order on every rank, then dump."""
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    ws = world_size
+    t = torch.full((4,), float(rank))
+    dist.all_reduce(t)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
+    dist.all_gather([torch.zeros(4) for _ in range(ws)], t)
+    dist.all_gather_into_tensor(torch.zeros(4 * ws), t)
+    dist.all_gather_object([None] * ws, {"rank": rank})
+    dist.reduce(t, dst=1)
+    dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * ws))
+    dist.broadcast(t, src=2)
+    dist.broadcast_object_list([rank, "x"], src=0)
+    dist.scatter(torch.zeros(3), [torch.ones(3)] * ws if rank == 0 else None, src=0)
+    dist.gather(torch.ones(5), [torch.zeros(5) for _ in range(ws)] if rank == 1 else None, dst=1)
+    dist.all_to_all_single(torch.zeros(ws * 2), torch.ones(ws * 2))
+    dist.barrier()
+    dist.monitored_barrier(timeout=None)
+    # p2p ring: send to the right, receive from the left
+    right, left = (rank + 1) % ws, (rank - 1) % ws
+    if rank % 2 == 0:
+        dist.send(torch.ones(6), right)
+        dist.recv(torch.zeros(6), left)
+    else:
+        dist.recv(torch.zeros(6), left)
+        dist.send(torch.ones(6), right)
+    send = dist.isend(torch.ones(7), right)
+    recv = dist.irecv(torch.zeros(7), left)
+    send.wait()
+    recv.wait()
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(8), right),
+                                   dist.P2POp(dist.irecv, torch.zeros(8), left)])
+    for req in reqs:
+        req.wait()
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(torch.ones(9))
+        dist.all_reduce(torch.ones(9))
+    cm.wait()
+    sub = dist.new_group([0, 2])
+    if rank in (0, 2):
+        dist.all_reduce(torch.ones(10), group=sub)
+        dist.all_reduce(torch.ones(10), group=sub)
+    flightrec.dump("coverage")
+    dist.destroy_process_group()
+
+
+def ring_wrap(rank: int, world_size: int, port: int, out: str, buffer: int, ops: int) -> None:
+    assert flightrec.enable(dir=out, buffer=buffer, timeout_s=60)
+    init_rank(rank, world_size, port)
+    t = torch.ones(2)
+    for _ in range(ops):
+        dist.all_reduce(t)
+    flightrec.dump("wrap")
+    dist.destroy_process_group()
+
+
+def failing_op(rank: int, world_size: int, port: int, out: str) -> None:
+    """Rank 1 dies before the second all_reduce; rank 0's all_reduce then fails."""
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 1:
+        os._exit(0)
+    try:
+        dist.all_reduce(t)
+    except Exception:  # noqa: BLE001 - expected: the peer is gone
+        os._exit(3)
+    os._exit(4)
+
+
+def exit_dump(rank: int, world_size: int, port: int, out: str) -> None:
+    os.environ["FLIGHTREC_DUMP_ON_EXIT"] = "1"
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(3))
+    dist.destroy_process_group()
+
+
+def blocked_forever(rank: int, world_size: int, port: int, out: str) -> None:
+    """Rank 0 sleeps; the others block in all_reduce. Long timeout: only a manual trigger dumps."""
+    assert flightrec.enable(dir=out, timeout_s=600)
+    init_rank(rank, world_size, port)
+    dist.all_reduce(torch.ones(2))
+    with open(os.path.join(out, f".ready-{rank}"), "w") as handle:
+        handle.write(str(os.getpid()))
+    if rank == 0:
+        time.sleep(120)
+    dist.all_reduce(torch.ones(2))
+
+
+def ddp_training(rank: int, world_size: int, port: int, out: str) -> None:
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    time.sleep(0.5)  # let the watchdog see the backend's status
+    flightrec.dump("ddp")
+    dist.destroy_process_group()
+
+
+def unwritable(rank: int, world_size: int, port: int, out: str, result: str) -> None:
+    assert flightrec.enable(dir=out, timeout_s=0.3)
+    init_rank(rank, world_size, port)
+    if rank == 1:
+        time.sleep(1.5)  # the others time out and try (and fail) to dump
+    for _ in range(5):
+        dist.all_reduce(torch.ones(2))
+    path = flightrec.dump("explicit")
+    with open(f"{result}.{rank}", "w") as handle:
+        handle.write(repr(path))
+    dist.destroy_process_group()
