@@ -1,7 +1,10 @@
 """One recorded op, and its serialisation into the dump's columns.
 
-The hot path stores raw objects (torch.Size, dtype, ReduceOp, frame tuples); turning them into
-JSON-friendly values happens only when a dump is written.
+The hot path stores raw objects (dtype, ReduceOp, frame tuples); turning them into JSON-friendly
+values happens only when a dump is written. It keeps only tuples of plain values, which the garbage
+collector stops tracking, and reuses the Entry it overwrites in the ring: a recorder that allocated
+long-lived tracked objects per op would make every full collection of a large training process
+slower, a cost paid on every op.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ class Entry:
     )
 
     def __init__(self, record_id: int, group: str, kind: str, op: str, api: str) -> None:
+        self.reset(record_id, group, kind, op, api)
+
+    def reset(self, record_id: int, group: str, kind: str, op: str, api: str) -> None:
         self.id = record_id
         self.group = group
         self.seq = -1
@@ -66,9 +72,9 @@ def format_frame(frame: tuple[str, int, str] | None) -> str:
     return f"{frame[0]}:{frame[1]} in {frame[2]}"
 
 
-def tensor_meta(tensors: Any) -> list[tuple[Any, Any]]:
+def tensor_meta(tensors: Any) -> tuple[tuple[Any, Any], ...]:
     """(shape, dtype) of each tensor: the ring must never keep a tensor (or its memory) alive."""
-    return [(t.shape, t.dtype) for t in tensors]
+    return tuple((tuple(t.shape), t.dtype) for t in tensors)
 
 
 def _shapes(meta: Any) -> list[list[int]]:

@@ -25,6 +25,7 @@ from .stacks import call_site, current_stack
 
 _monotonic_ns = time.monotonic_ns
 _UNSEEN = object()
+_SETTLED = ("completed", "failed")  # entries nothing refers to any more: safe to reuse
 _ASYNC_APIS = frozenset(("isend", "irecv", "batch_isend_irecv"))
 
 
@@ -76,6 +77,7 @@ class Recorder:
         by_pg = self.groups.by_pg
         groups = self.groups
         ring = self.ring
+        slots, capacity = ring.slots, ring.capacity
         pending = self.pending
         tls = self.tls
         settings = self.settings
@@ -96,7 +98,12 @@ class Recorder:
             if seq_before > group.last_pg_seq:
                 self.note_cpp_ops(group, seq_before, now)
             api = tls.api or api_name
-            entry = Entry(ring.next_id(), group.name, kind, op_name, api)
+            record_id = ring.next_id()
+            entry = slots[record_id % capacity]
+            if entry is None or entry.state not in _SETTLED or entry.source != "python" or entry.work is not None:
+                entry = Entry(record_id, group.name, kind, op_name, api)
+            else:
+                entry.reset(record_id, group.name, kind, op_name, api)
             if is_coll:
                 group.coll_seq += 1
                 entry.seq = group.coll_seq
@@ -111,7 +118,7 @@ class Recorder:
             entry.pg_seq = seq_before + 1 if seq_before >= 0 else -1
             if inputs is not None:
                 if hasattr(inputs, "shape"):
-                    entry.inputs = [(inputs.shape, inputs.dtype)]
+                    entry.inputs = ((tuple(inputs.shape), inputs.dtype),)
                     if not inputs.is_cpu:
                         entry.device = inputs.device.type
                 else:
@@ -120,7 +127,7 @@ class Recorder:
                 if outputs is inputs:
                     entry.outputs = entry.inputs
                 elif hasattr(outputs, "shape"):
-                    entry.outputs = [(outputs.shape, outputs.dtype)]
+                    entry.outputs = ((tuple(outputs.shape), outputs.dtype),)
                     if not outputs.is_cpu:
                         entry.device = outputs.device.type
                 else:

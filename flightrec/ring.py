@@ -29,6 +29,11 @@ class Ring(Generic[T]):
         return self._capacity
 
     @property
+    def slots(self) -> list[T | None]:
+        """The slot list itself, for a writer that reuses what it overwrites."""
+        return self._slots
+
+    @property
     def recorded(self) -> int:
         """Entries ever appended (ids handed out)."""
         return self._recorded

@@ -162,3 +162,11 @@ print(hits == [signal.SIGTERM], os.path.exists({str(tmp_path / "rank-00000.json.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr[-2000:]
     assert signal.SIGTERM  # the parent is untouched
+
+
+def test_full_stacks_when_asked(tmp_path: Path) -> None:
+    run_ranks(workers.with_stacks, 2, str(tmp_path), timeout_s=60)
+    row = entries(load_dump(tmp_path, 1))[0]
+    assert row["site"].endswith("in _nested_call")
+    assert row["stack"][-1].endswith("in _nested_call") and row["stack"][-2].endswith("in with_stacks")
+    assert load_dump(tmp_path, 1)["settings"]["stacks"] is True

@@ -131,3 +131,16 @@ def unwritable(rank: int, world_size: int, port: int, out: str, result: str) -> 
     with open(f"{result}.{rank}", "w") as handle:
         handle.write(repr(path))
     dist.destroy_process_group()
+
+
+def with_stacks(rank: int, world_size: int, port: int, out: str) -> None:
+    os.environ["FLIGHTREC_STACKS"] = "1"
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    _nested_call()
+    flightrec.dump("stacks")
+    dist.destroy_process_group()
+
+
+def _nested_call() -> None:
+    dist.all_reduce(torch.ones(2))
