@@ -84,7 +84,7 @@ def main() -> None:
                 runs[fr].setdefault(key, []).extend(values)
     med = {fr: {k: statistics.median(v) for k, v in r.items()} for fr, r in runs.items()}
     # flightrec's added time: paired within the same processes (PyTorch's recorder off)
-    added = {mode: statistics.median([w - b for w, b in zip(runs[0][f"{mode}_flightrec"], runs[0][f"{mode}_base"])])
+    added = {mode: statistics.median([w - b for w, b in zip(runs[0][f"{mode}_flightrec"], runs[0][f"{mode}_base"], strict=False)])
              for mode in ("sync", "async")}
     torch_fr = {mode: med[2000][f"{mode}_base"] - med[0][f"{mode}_base"] for mode in ("sync", "async")}
     print(f"all_reduce of 16 floats, world_size=1 gloo; {args.rounds} rounds x {args.blocks} blocks x {args.block} calls")

@@ -1,0 +1,14 @@
+"""Offline hang analyzer for flightrec (and PyTorch flight-recorder) dumps.
+
+    import analyzers
+    a = analyzers.load("dumps/")
+    a.entries        # one row per recorded op, all ranks (pandas DataFrame, categorical strings)
+    a.groups         # process groups and their members
+    a.graph          # networkx.DiGraph: edge r -> m when rank r waits for rank m
+    a.report()       # the JSON report as a dict (docs/report-format.md)
+"""
+
+from .analysis import Analysis, load
+from .loader import UnusableInput
+
+__all__ = ["Analysis", "UnusableInput", "load"]

@@ -1,0 +1,188 @@
+"""The `Analysis` object returned by `analyzers.load`: tables first, conclusions on demand.
+
+Why lazy: `show` and notebook users often only want `.entries`; the matching, the wait graph and
+the report are computed on first access to `.graph` or `.report()` and then cached.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import Any
+
+import networkx as nx
+import pandas as pd
+
+from . import groups as groups_mod
+from .causes import CauseResult, build_graph, find_causes
+from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA
+from .loader import Dataset, load_folder
+from .matching import MatchResult, match
+from .rankdump import RankDump
+from .textutil import plural, ranges
+from .waits import R_NO_DUMP, R_UNREADABLE, WaitResult, find_waits
+
+NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
+
+
+def load(folder: str | os.PathLike[str], workers: int | None = None) -> Analysis:
+    """Read a dump folder (flightrec and/or PyTorch flight-recorder dumps) and return its Analysis.
+
+    Raises `analyzers.UnusableInput` when the folder is missing, empty, or holds no readable dump.
+    `workers` forces the number of reader processes (default: chosen from the folder's size).
+    """
+    return Analysis(load_folder(folder, workers))
+
+
+class Analysis:
+    """Entries, groups, the rank-dependency graph and the report of one dump folder."""
+
+    def __init__(self, data: Dataset) -> None:
+        self._data = data
+        self.folder = data.folder
+        self.entries: pd.DataFrame = data.entries
+        self.dumps: dict[int, RankDump] = data.dumps
+        self.problems = data.problems
+        member = groups_mod.resolve(data.dumps, data.entries, data.problems)
+        self.members = member.members
+        self._known_groups = member.known
+        self.world_size = member.world_size
+        self.groups: pd.DataFrame = member.table
+        self._notes = [p.line() for p in data.problems] + data.notes + member.notes
+        every = set(range(self.world_size)) | {r for ranks in self.members.values() for r in ranks}
+        self.unreadable = sorted(data.unreadable_ranks)
+        self.missing = sorted(every - set(self.dumps) - set(self.unreadable))
+        self._absent_code = {r: R_NO_DUMP for r in self.missing} | {r: R_UNREADABLE for r in self.unreadable}
+        reasons = {p.rank: p.line() for p in data.problems if p.rank is not None}
+        self._absent_text = {r: NO_DUMP_TEXT for r in self.missing} | {
+            r: f"its dump is unreadable ({reasons.get(r, 'unknown reason')})" for r in self.unreadable
+        }
+        self._ranks = every | set(self.dumps) | set(self.unreadable)
+
+    @property
+    def dump_table(self) -> pd.DataFrame:
+        """One row per rank with a usable dump: file, format, version, host, reason, dropped entries."""
+        counts = self.entries["rank"].value_counts()
+        rows = [
+            {
+                "rank": r,
+                "file": d.file,
+                "format": d.fmt,
+                "version": d.meta.get("version"),
+                "host": d.meta.get("host"),
+                "pid": d.meta.get("pid"),
+                "reason": d.meta.get("reason"),
+                "dropped": d.dropped,
+                "entries": int(counts.get(r, 0)),
+            }
+            for r, d in sorted(self.dumps.items())
+        ]
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def _matched(self) -> MatchResult:
+        return match(self.entries, self.members)
+
+    @cached_property
+    def _waits(self) -> WaitResult:
+        m = self._matched
+        return find_waits(
+            self.entries, m.positions, self.members, self.dumps, self._absent_code, m.culprits, self._known_groups
+        )
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """Wait-for graph: a node per rank (dump or not), an edge r -> m when r waits for m."""
+        return build_graph(self._ranks, self.dumps, self._absent_code, self._waits.waits)
+
+    @cached_property
+    def _causes(self) -> CauseResult:
+        return find_causes(self.graph, self._waits.waits, self._matched, self.dumps, self._absent_text, self.entries, self.groups)
+
+    @property
+    def verdict(self) -> str:
+        """healthy, hang, desync or deadlock (see docs/report-format.md)."""
+        if self._matched.mismatches:
+            return DESYNC
+        if self._causes.cycles:
+            return DEADLOCK
+        if self._waits.waits:
+            return HANG
+        return HEALTHY
+
+    def gaps(self) -> list[str]:
+        """Evidence gaps, each a plain sentence: what could not be read, inferred, or told."""
+        out = list(self._notes)
+        out += _wrap_notes(self.entries, self.dumps)
+        out += self._matched.notes + self._waits.notes + self._causes.notes
+        if self.missing:
+            out.append(f"no dump for rank(s) {ranges(self.missing)}")
+        seen: set[str] = set()
+        return [g for g in out if not (g in seen or seen.add(g))]
+
+    def report(self) -> dict[str, Any]:
+        """The machine report (a JSON-ready dict; schema in docs/report-format.md)."""
+        causes = self._causes.causes
+        waits = sorted(self._waits.waits.values(), key=lambda w: w.rank)
+        victims = sorted({v for c in causes for v in c.victims})
+        return {
+            "schema": REPORT_SCHEMA,
+            "verdict": self.verdict,
+            "summary": self.summary(),
+            "folder": str(self.folder),
+            "ranks": {
+                "expected": self.world_size,
+                "dumped": sorted(self.dumps),
+                "missing": self.missing,
+                "unreadable": self.unreadable,
+            },
+            "root_causes": [c.item() for c in causes],
+            "victims": victims,
+            "waits": [w.item() for w in waits],
+            "cycles": self._causes.cycles,
+            "mismatches": [m.as_dict() for m in self._matched.mismatches],
+            "gaps": self.gaps(),
+            "unreadable_files": [{"file": p.file, "rank": p.rank, "reason": p.reason} for p in self.problems],
+            "groups": [
+                {"group": g, "desc": d, "backend": b, "ranks": list(r), "membership": how}
+                for g, d, b, r, how in self.groups[["group", "desc", "backend", "ranks", "membership"]].itertuples(index=False)
+            ],
+        }
+
+    def summary(self) -> str:
+        """The verdict line: what is wrong, with whom, in one sentence."""
+        verdict = self.verdict
+        causes = self._causes.causes
+        n_wait = len([w for w in self._waits.waits.values() if w.targets])
+        if verdict == HEALTHY:
+            return f"healthy: no rank is waiting ({plural(len(self.dumps), 'rank')} dumped)"
+        if verdict == DEADLOCK and not self._matched.mismatches:
+            loops = "; ".join(ranges(c) for c in self._causes.cycles)
+            return f"deadlock: wait cycle among ranks {loops}"
+        if not causes:
+            return f"{verdict}: {plural(len(self._waits.waits), 'rank')} waiting, root cause unknown (see gaps)"
+        head = causes[0]
+        first = f"rank {head.rank} {head.kind}" + (f" in {head.op} (group {head.group}, seq {head.seq})" if head.op else "")
+        more = f" and {plural(len(causes) - 1, 'more root cause')}" if len(causes) > 1 else ""
+        victims = {v for c in causes for v in c.victims}
+        tail = f"; {plural(len(victims), 'rank')} waiting on it" if victims else (f"; {n_wait} waiting" if n_wait else "")
+        return f"{verdict}: {first}{more}{tail}"
+
+
+def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
+    """Say, per rank whose ring wrapped, where its kept history of each group starts."""
+    wrapped = sorted(r for r, d in dumps.items() if d.dropped > 0 or (d.meta.get("first_id") or 0) > 0)
+    if not wrapped:
+        return []
+    sub = entries.loc[entries["rank"].isin(wrapped) & (entries["kind"] == "coll"), ["rank", "group", "seq"]]
+    first = sub.groupby(["rank", sub["group"].astype(object)])["seq"].min()
+    out = []
+    for r in wrapped:
+        d = dumps[r]
+        lost = f"{d.dropped} entries dropped" if d.dropped else f"oldest record id kept is {d.meta.get('first_id')}"
+        starts = ", ".join(f"group {g} from seq {int(s)}" for (rr, g), s in first.items() if rr == r)
+        out.append(
+            f"rank {r}: ring wrapped ({lost}); its history is partial ({starts or 'no collectives kept'}): "
+            "earlier positions are compared without it"
+        )
+    return out

@@ -1,0 +1,321 @@
+"""The rank-dependency graph and its root causes.
+
+Why a graph: a stall in one tensor-parallel group makes its data-parallel peers wait, which makes the
+world group wait; every one of those ranks looks hung. Following wait edges to the ranks that are
+waited on but wait for nobody names the one originating rank; the others are victims. Each wait
+cycle (strongly connected component) is a deadlock. Positions where every member entered and
+nobody finished are comm_stuck, one root cause per group instance, at the lowest member rank.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import pandas as pd
+
+from .constants import COMM_STUCK, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from .matching import MatchResult
+from .rankdump import RankDump
+from .textutil import plural, ranges
+from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait
+
+STACK_EXCERPT = 6
+# Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
+CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
+RECORDER_FRAME = re.compile(r"[/\\]flightrec[/\\][A-Za-z_]+\.py:\d+ in ")
+
+
+@dataclass
+class Cause:
+    """One root cause, as the report lists it."""
+
+    rank: int
+    kind: str
+    group: str | None
+    seq: int | None
+    op: str | None
+    detail: str
+    ranks: list[int] = field(default_factory=list)
+    site: str | None = None
+    stack: list[str] = field(default_factory=list)
+    victims: list[int] = field(default_factory=list)
+    group_desc: str = ""
+
+    def item(self) -> dict[str, Any]:
+        """The report's `root_causes` item."""
+        return {
+            "rank": self.rank,
+            "kind": self.kind,
+            "group": self.group,
+            "group_desc": self.group_desc,
+            "seq": self.seq,
+            "op": self.op,
+            "detail": self.detail,
+            "ranks": self.ranks or [self.rank],
+            "site": self.site,
+            "stack": self.stack,
+            "victims": self.victims,
+        }
+
+
+@dataclass
+class CauseResult:
+    """Root causes (sorted), wait cycles and evidence gaps."""
+
+    causes: list[Cause]
+    cycles: list[list[int]]
+    notes: list[str]
+
+
+def build_graph(ranks: set[int], dumps: dict[int, RankDump], absent: dict[int, str], waits: dict[int, Wait]) -> nx.DiGraph:
+    """Node per rank (with or without a dump); edge r -> m when r waits for m."""
+    graph = nx.DiGraph()
+    for r in sorted(ranks | set(dumps) | set(absent)):
+        status = absent.get(r) or ("idle" if r in dumps else R_NO_DUMP)  # absent: rank -> reason code
+        graph.add_node(r, dumped=r in dumps, status=status)
+    for w in waits.values():
+        graph.nodes[w.rank]["status"] = "waiting" if w.targets else "stuck"
+        graph.nodes[w.rank].update(group=w.group, seq=w.seq, op=w.op, state=w.state, evidence=w.how)
+        for m, reason in w.targets.items():
+            if m not in graph:
+                graph.add_node(m, dumped=m in dumps, status=absent.get(m, R_NO_DUMP))
+            graph.add_edge(w.rank, m, group=w.group, seq=w.seq, op=w.op, kind=w.kind, reason=reason)
+    return graph
+
+
+def find_causes(
+    graph: nx.DiGraph,
+    waits: dict[int, Wait],
+    matched: MatchResult,
+    dumps: dict[int, RankDump],
+    absent: dict[int, str],
+    entries: pd.DataFrame,
+    groups: pd.DataFrame,
+) -> CauseResult:
+    """Classify every rank that others wait for, directly or transitively, and that waits for nobody.
+
+    `absent` maps ranks without a usable dump to the one-line reason (no file, or why it is unreadable).
+    """
+    desc = dict(zip(groups["group"].astype(str), groups["desc"].astype(str), strict=True)) if len(groups) else {}
+    size = dict(zip(groups["group"].astype(str), groups["size"].astype(int), strict=True)) if len(groups) else {}
+    members = dict(zip(groups["group"].astype(str), groups["ranks"], strict=True)) if len(groups) else {}
+    culprit_at = {(str(g), int(q), int(r)) for g, q, r in matched.culprits.itertuples(index=False)}
+    causes: list[Cause] = []
+    notes: list[str] = []
+
+    sccs = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1 or graph.has_edge(next(iter(c)), next(iter(c)))]
+    sccs.sort()
+    in_cycle = {r for c in sccs for r in c}
+    for comp in sccs:
+        causes += _deadlock(graph, comp, waits, desc)
+
+    culprit_ranks = set(matched.culprits["rank"].astype(int)) if len(matched.culprits) else set()
+    stuck_instances: dict[tuple[Any, ...], list[Wait]] = defaultdict(list)
+    for r in graph.nodes:
+        if r in in_cycle or graph.out_degree(r) > 0:
+            continue
+        w = waits.get(r)
+        if w is not None and not w.targets:
+            if w.unknown or w.how == HOW_INFERRED:
+                if graph.in_degree(r):
+                    notes.append(
+                        f"the wait chain ends at rank {r}, which waits in {w.op} (group {w.group}, seq {w.seq}) "
+                        "for ranks that cannot be identified from the dumps (see above)"
+                    )
+                continue
+            if (w.group, w.seq, r) in culprit_at:
+                causes.append(_mismatch_at(r, w.group, w.seq, w.op, matched, desc))
+                continue
+            stuck_instances[_instance_key(w)].append(w)
+            continue
+        if graph.in_degree(r) == 0:
+            continue
+        waited = _waited_positions(graph, r, waits)
+        reasons = {graph.edges[u, r]["reason"] for u in graph.predecessors(r)}
+        if R_MISMATCH in reasons and r in culprit_ranks:  # show where it entered the wrong op
+            waited = _waited_positions(graph, r, waits, only=R_MISMATCH)
+        g, s, op = _pick(waited, size, waits)
+        if r in absent:
+            causes.append(_missing(r, g, s, op, absent[r], waited, desc))
+        elif R_MISMATCH in reasons and r in culprit_ranks:
+            causes.append(_mismatch_at(r, g, s, op, matched, desc))
+        else:
+            causes.append(_not_entered(r, g, s, op, waited, dumps[r], entries, desc))
+
+    for key, stuck in stuck_instances.items():
+        group_members = list(members.get(key[1], ())) if key[0] == "coll" else list(key[2])
+        causes.append(_comm_stuck(stuck, group_members, desc))
+
+    covered = {(c.rank, c.group) for c in causes if c.kind == MISMATCH}
+    for m in matched.mismatches:  # desyncs that did not (yet) hang anything are root causes too
+        for r in m.ranks if m.kind == "coll" else m.ranks[:1]:
+            if (r, m.group) not in covered:
+                covered.add((r, m.group))
+                causes.append(_mismatch_at(r, m.group, m.seq, m.op, matched, desc))
+
+    cause_ranks = {r for c in causes for r in (c.ranks or [c.rank])}
+    for c in causes:
+        anc: set[int] = set()
+        for r in c.ranks or [c.rank]:
+            if r in graph:
+                anc |= nx.ancestors(graph, r)
+        c.victims = sorted(anc - cause_ranks)
+    order = {k: i for i, k in enumerate(CAUSE_ORDER)}
+    causes.sort(key=lambda c: (order.get(c.kind, 99), c.rank, c.group or "", c.seq or 0))
+    return CauseResult(causes=causes, cycles=sccs, notes=notes)
+
+
+def _instance_key(w: Wait) -> tuple[Any, ...]:
+    if w.kind == "p2p":
+        pair = tuple(sorted((w.rank, w.peer)))
+        return ("p2p", w.group, pair, w.seq)
+    return ("coll", w.group, w.seq)
+
+
+def _waited_positions(
+    graph: nx.DiGraph, r: int, waits: dict[int, Wait], only: str | None = None
+) -> dict[tuple[str, int, str], list[int]]:
+    out: dict[tuple[str, int, str], list[int]] = defaultdict(list)
+    for u in graph.predecessors(r):
+        e = graph.edges[u, r]
+        if only is None or e["reason"] == only:
+            out[(e["group"], e["seq"], e["op"])].append(u)
+    return out
+
+
+def _pick(waited: dict[tuple[str, int, str], list[int]], size: dict[str, int], waits: dict[int, Wait]) -> tuple[str, int, str]:
+    """The position the root most plausibly owes first: smallest group, then the earliest waiter.
+
+    Why: a stall that starts in a small (tensor-parallel) group spreads to the larger groups that
+    contain it, and the ranks caught first in it entered their wait first.
+    """
+
+    def earliest(key: tuple[str, int, str]) -> int:
+        times = [waits[r].t_wall_ns for r in waited[key] if r in waits and waits[r].t_wall_ns is not None]
+        return min(times) if times else 1 << 62
+
+    return min(waited, key=lambda k: (size.get(k[0], 1 << 30), earliest(k), -len(waited[k]), k[0], k[1]))
+
+
+def _label(group: str | None, seq: int | None, op: str | None, desc: dict[str, str]) -> str:
+    d = desc.get(group or "", "")
+    name = f"group {group}" + (f" ({d})" if d else "")
+    return f"{op} ({name}, seq {seq})"
+
+
+def _awaited_by(waited: dict[tuple[str, int, str], list[int]], desc: dict[str, str]) -> str:
+    parts = [
+        f"{_label(g, s, op, desc)} by rank{'s' if len(rs) > 1 else ''} {ranges(rs)}" for (g, s, op), rs in sorted(waited.items())
+    ]
+    return "; ".join(parts)
+
+
+def _missing(r: int, g: str, s: int, op: str, why: str, waited: dict[tuple[str, int, str], list[int]], desc: dict[str, str]) -> Cause:
+    detail = f"rank {r}: {why}; awaited in {_awaited_by(waited, desc)}"
+    return Cause(rank=r, kind=MISSING_DUMP, group=g, seq=s, op=op, detail=detail, group_desc=desc.get(g, ""))
+
+
+def _not_entered(
+    r: int, g: str, s: int, op: str, waited: dict[tuple[str, int, str], list[int]], dump: RankDump, entries: pd.DataFrame, desc: dict[str, str]
+) -> Cause:
+    stack, where = _main_stack(dump)
+    last = _last_op(entries, r)
+    parts = [f"rank {r} has not entered {_label(g, s, op, desc)}", f"awaited in {_awaited_by(waited, desc)}"]
+    if last:
+        parts.append(f"its last op: {last}")
+    if where:
+        parts.append(f"main thread now at {where}")
+    else:
+        parts.append("no thread stacks in its dump: where it is stuck is unknown")
+    reason = dump.meta.get("reason")
+    if reason:
+        why = dump.meta.get("reason_detail")
+        parts.append(f"its dump was written on {reason}" + (f" ({why})" if why else ""))
+    return Cause(
+        rank=r, kind=NOT_ENTERED, group=g, seq=s, op=op, detail="; ".join(parts), site=where, stack=stack, group_desc=desc.get(g, "")
+    )
+
+
+def _main_stack(dump: RankDump) -> tuple[list[str], str | None]:
+    threads = dump.threads
+    main = next((t for t in threads if t.get("is_main")), None) or next((t for t in threads if t.get("name") == "MainThread"), None)
+    frames = [str(f) for f in (main or {}).get("stack") or []]
+    while frames and RECORDER_FRAME.search(frames[-1]):  # the recorder writing this very dump
+        frames.pop()
+    return frames[-STACK_EXCERPT:], (frames[-1] if frames else None)
+
+
+def _last_op(entries: pd.DataFrame, r: int) -> str | None:
+    mine = entries.loc[entries["rank"] == r]
+    if mine.empty:
+        return None
+    row = mine.loc[mine["id"].idxmax()]
+    site = "" if pd.isna(row["site"]) else f" at {row['site']}"
+    return f"{row['op']} (group {row['group']}, seq {row['seq']}, {row['state']}){site}"
+
+
+def _mismatch_at(r: int, g: str, s: int, op: str, matched: MatchResult, desc: dict[str, str]) -> Cause:
+    found = [m for m in matched.mismatches if m.group == g and r in m.ranks]
+    here = [m for m in found if m.seq == s] or found[:1]
+    parts = []
+    for m in here:
+        mine = next((v for v, rs in m.values.items() if r in rs), "?")
+        parts.append(f"{m.field} {mine!r} where the others have {m.expected!r}" + (" (no majority)" if m.tie else ""))
+    more = len({m.seq for m in found}) - 1
+    tail = f"; {plural(more, 'other mismatching position')} in this group" if more > 0 else ""
+    seq = here[0].seq if here else s
+    op_here = here[0].op if here else op
+    detail = f"rank {r} entered an incompatible op at {_label(g, seq, op_here, desc)}: {'; '.join(parts) or 'see mismatches'}{tail}"
+    return Cause(rank=r, kind=MISMATCH, group=g, seq=seq, op=op_here, detail=detail, group_desc=desc.get(g, ""))
+
+
+def _comm_stuck(stuck: list[Wait], group_members: list[int], desc: dict[str, str]) -> Cause:
+    w0 = min(stuck, key=lambda w: w.rank)
+    ranks = sorted(set(group_members) | {w.rank for w in stuck})
+    states: dict[str, list[int]] = defaultdict(list)
+    for w in stuck:
+        states[w.state].append(w.rank)
+    finished = sorted(set(ranks) - {w.rank for w in stuck})
+    state_txt = "; ".join(f"{st} on {ranges(rs)}" for st, rs in sorted(states.items()))
+    if finished:
+        state_txt += f"; completed on {ranges(finished)}"
+    detail = (
+        f"every member of {_label(w0.group, w0.seq, w0.op, desc)} entered it and it has not completed ({state_txt}): "
+        f"suspect the link or device of ranks {ranges(ranks)}"
+    )
+    return Cause(
+        rank=min(ranks),
+        kind=COMM_STUCK,
+        group=w0.group,
+        seq=w0.seq,
+        op=w0.op,
+        detail=detail,
+        ranks=ranks,
+        site=w0.site,
+        group_desc=desc.get(w0.group, ""),
+    )
+
+
+def _deadlock(graph: nx.DiGraph, comp: list[int], waits: dict[int, Wait], desc: dict[str, str]) -> list[Cause]:
+    sub = graph.subgraph(comp)
+    try:
+        cycle = [u for u, _ in nx.find_cycle(sub, source=comp[0])]
+    except nx.NetworkXNoCycle:
+        cycle = comp
+    loop = " -> ".join(map(str, [*cycle, cycle[0]]))
+    out = []
+    for r in comp:
+        w = waits[r]
+        inside = sorted(m for m in w.targets if m in comp)
+        detail = f"wait cycle {loop}: rank {r} waits in {_label(w.group, w.seq, w.op, desc)} for {ranges(inside)}"
+        out.append(
+            Cause(rank=r, kind=KIND_DEADLOCK, group=w.group, seq=w.seq, op=w.op, detail=detail, ranks=list(comp), site=w.site,
+                  group_desc=desc.get(w.group, ""))
+        )
+    return out
+
+

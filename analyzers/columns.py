@@ -1,0 +1,202 @@
+"""The normalised entry table: its columns, their dtypes, and how it is built column-wise.
+
+Why: flightrec dumps and PyTorch's own recorder dumps are different shapes; both readers produce the
+same columns so that matching and the wait graph never look at a file format. Strings are
+categorical (millions of rows share a few hundred distinct ops, groups, shapes and call sites);
+shape and dtype lists are stored as their text (`[[4], [2, 4]]`, `float32,float32`) so that they can
+be compared, grouped and counted with vectorised pandas operations.
+
+Each reader returns `Columns`: plain numpy arrays, and `Coded` (integer codes + distinct strings)
+for the string columns. They are small to send back from a worker process, and one merge at the end
+(`concat_entries`) unifies the codes of all ranks and builds the single DataFrame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+CATEGORY_COLUMNS = (
+    "group",
+    "kind",
+    "op",
+    "api",
+    "reduce_op",
+    "in_shapes",
+    "out_shapes",
+    "in_dtypes",
+    "out_dtypes",
+    "state",
+    "thread",
+    "site",
+    "source",
+)
+INT_COLUMNS = ("id", "seq", "pg_seq", "peer", "root", "unit")
+NULLABLE_INT_COLUMNS = ("t_enqueue_ns", "t_complete_ns", "t_dev_start_ns", "t_dev_end_ns")
+BOOL_COLUMNS = ("is_async",)
+OBJECT_COLUMNS = ("error", "stack")
+
+# Column order of `Analysis.entries` (rank first, then the dump format's order).
+ENTRY_COLUMNS = (
+    "rank",
+    "id",
+    "group",
+    "seq",
+    "pg_seq",
+    "kind",
+    "op",
+    "api",
+    "peer",
+    "root",
+    "reduce_op",
+    "in_shapes",
+    "out_shapes",
+    "in_dtypes",
+    "out_dtypes",
+    "is_async",
+    "unit",
+    "state",
+    "error",
+    "t_enqueue_ns",
+    "t_complete_ns",
+    "t_dev_start_ns",
+    "t_dev_end_ns",
+    "thread",
+    "site",
+    "stack",
+    "source",
+)
+
+_INT_DEFAULTS = {"id": 0, "seq": -1, "pg_seq": -1, "peer": -1, "root": -1, "unit": -1}
+_TEXT = np.frompyfunc(str, 1, 1)
+
+Columns = dict[str, Any]
+
+
+@dataclass
+class Coded:
+    """A string column as int32 codes (-1 = missing) into `cats`, a list of distinct strings."""
+
+    codes: np.ndarray
+    cats: list[str]
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def values(self) -> np.ndarray:
+        """The strings (None where missing), for the few places that need them per row."""
+        table = np.asarray([*self.cats, None], dtype=object)
+        return table[self.codes]
+
+
+def encode(values: Any) -> Coded:
+    """Factorise a column of str (or lists: shapes, dtypes) into codes and distinct strings.
+
+    The per-row work happens inside numpy/pandas; `str` of each distinct value is taken once, and
+    values whose text collides (1 and "1") share one code.
+    """
+    if isinstance(values, Coded):
+        return values
+    arr = values.astype(object) if isinstance(values, np.ndarray) else pd.Series(values, dtype=object).to_numpy()
+    try:
+        codes, uniques = pd.factorize(arr)
+    except TypeError:  # unhashable rows (lists): factorise their text
+        text = _TEXT(arr)
+        text[pd.isna(arr)] = None
+        codes, uniques = pd.factorize(text)
+    return _dedupe(codes.astype(np.int32), [str(u) for u in uniques])
+
+
+def text_column(values: Any, rewrite: Callable[[str], str] | None = None) -> Coded:
+    """Lists (shapes, dtypes) as text; `rewrite` reformats each *distinct* text once."""
+    coded = encode(values)
+    return recode(coded, rewrite) if rewrite is not None else coded
+
+
+def recode(coded: Coded, func: Callable[[str], str]) -> Coded:
+    """Apply `func` to each distinct string (not to each row)."""
+    return _dedupe(coded.codes, [func(c) for c in coded.cats])
+
+
+def _dedupe(codes: np.ndarray, cats: list[str]) -> Coded:
+    if len(set(cats)) == len(cats):
+        return Coded(codes, cats)
+    index: dict[str, int] = {}
+    remap = np.asarray([index.setdefault(c, len(index)) for c in cats], dtype=np.int32)
+    return Coded(np.where(codes >= 0, remap[np.clip(codes, 0, None)], -1).astype(np.int32), list(index))
+
+
+def dtype_text(text: str) -> str:
+    """`['float32', 'float32']` -> `float32,float32` (applied per distinct value)."""
+    return text.strip("[]").replace("'", "").replace('"', "").replace(" ", "")
+
+
+def finish_columns(cols: Columns, rank: int) -> Columns:
+    """Normalise one rank's columns to the table's types, filling absent ones with defaults."""
+    lengths = {len(v) for v in cols.values() if v is not None and not np.isscalar(v)}
+    if len(lengths) > 1:
+        raise ValueError(f"entry columns have different lengths {sorted(lengths)}")
+    n = lengths.pop() if lengths else 0
+    out: Columns = {"rank": np.full(n, rank, dtype=np.int64)}
+    for name in ENTRY_COLUMNS[1:]:
+        raw = cols.get(name)
+        if name in CATEGORY_COLUMNS:
+            out[name] = encode(_full(raw, n, None))
+        elif name in INT_COLUMNS:
+            out[name] = _int_column(_full(raw, n, _INT_DEFAULTS[name]), _INT_DEFAULTS[name])
+        elif name in NULLABLE_INT_COLUMNS:
+            out[name] = pd.array(_full(raw, n, None), dtype="Int64")
+        elif name in BOOL_COLUMNS:
+            out[name] = pd.Series(_full(raw, n, False), dtype=object).fillna(False).astype(bool).to_numpy()
+        else:
+            out[name] = pd.Series(_full(raw, n, None), dtype=object).to_numpy()
+    return out
+
+
+def _int_column(values: Any, default: int) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError):  # None or odd values inside: the slow, forgiving path
+        series = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+        return series.fillna(default).astype(np.int64).to_numpy()
+
+
+def _full(raw: Any, n: int, default: Any) -> Any:
+    if raw is None:
+        return [default] * n
+    return raw
+
+
+def concat_entries(parts: Sequence[Columns]) -> pd.DataFrame:
+    """One DataFrame from per-rank columns: codes are unified once, each string column built once."""
+    parts = [p for p in parts if p is not None] or [finish_columns({}, 0)]
+    data: dict[str, Any] = {}
+    for name in ENTRY_COLUMNS:
+        pieces = [p[name] for p in parts]
+        if name in CATEGORY_COLUMNS:
+            data[name] = _union(pieces)
+        elif name in NULLABLE_INT_COLUMNS:
+            data[name] = pd.array(pd.concat([pd.Series(x) for x in pieces], ignore_index=True), dtype="Int64")
+        else:
+            data[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    return pd.DataFrame(data, columns=list(ENTRY_COLUMNS))
+
+
+def _union(pieces: list[Coded]) -> pd.Categorical:
+    index: dict[str, int] = {}
+    codes = []
+    for piece in pieces:
+        remap = np.asarray([index.setdefault(c, len(index)) for c in piece.cats] + [-1], dtype=np.int32)
+        codes.append(remap[piece.codes])  # code -1 picks the trailing -1
+    merged = np.concatenate(codes) if codes else np.empty(0, dtype=np.int32)
+    cats = pd.Index(list(index), dtype=object)
+    return pd.Categorical.from_codes(merged, categories=cats)
+
+
+def empty_entries() -> pd.DataFrame:
+    """An entry table with no rows but every column and dtype."""
+    return concat_entries([finish_columns({}, 0)])

@@ -1,0 +1,134 @@
+"""Load a dump folder: find the files, read them in parallel, pick one dump per rank, build one table.
+
+Why processes: decompressing gzip and decoding JSON/pickle hold the GIL, so threads do not overlap
+them; a process pool does. Starting workers costs more than reading a handful of small files, so
+small folders stay on a serial fast path (thresholds measured, see `PARALLEL_MIN_FILES`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .columns import concat_entries
+from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
+from .rankdump import FileProblem, RankDump
+from .read import read_path
+from .textutil import ranges
+
+# Below these, a pool's start-up (forking, pickling frames back) costs more than it saves.
+PARALLEL_MIN_FILES = 8
+PARALLEL_MIN_BYTES = 4 << 20
+FORMAT_PREFERENCE = {FMT_FLIGHTREC: 0, FMT_TORCH_PICKLE: 1, FMT_TORCH_JSON: 2}
+
+
+class UnusableInput(Exception):
+    """The folder cannot be analyzed at all (missing, empty, or no readable dump)."""
+
+
+@dataclass
+class Dataset:
+    """Everything read from one folder, before any analysis."""
+
+    folder: Path
+    dumps: dict[int, RankDump]
+    entries: pd.DataFrame
+    problems: list[FileProblem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def unreadable_ranks(self) -> set[int]:
+        """Ranks that have a file but no usable dump."""
+        return {p.rank for p in self.problems if p.rank is not None} - set(self.dumps)
+
+
+def discover(folder: Path) -> list[Path]:
+    """Dump candidates: regular, non-hidden files directly in `folder` (recorder temp files skipped)."""
+    if not folder.exists():
+        raise UnusableInput(f"{folder}: no such folder")
+    if not folder.is_dir():
+        raise UnusableInput(f"{folder}: not a folder")
+    files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")]
+    if not files:
+        raise UnusableInput(f"{folder}: empty folder, no dump files")
+    return files
+
+
+def read_files(paths: list[Path], workers: int | None = None) -> list[RankDump | FileProblem]:
+    """Read every file, in a process pool when the folder is big enough to pay for one."""
+    size = sum(_size(p) for p in paths)
+    cpus = os.cpu_count() or 1
+    if workers is None:
+        workers = min(cpus, len(paths)) if (len(paths) >= PARALLEL_MIN_FILES and size >= PARALLEL_MIN_BYTES) else 1
+    names = [str(p) for p in paths]
+    if workers <= 1:
+        return [read_path(n) for n in names]
+    ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(read_path, names, chunksize=max(1, len(names) // (workers * 4))))
+
+
+def load_folder(folder: str | os.PathLike[str], workers: int | None = None) -> Dataset:
+    """Read a dump folder into a Dataset; raises UnusableInput when nothing in it can be analyzed."""
+    path = Path(folder)
+    results = read_files(discover(path), workers)
+    problems = [r for r in results if isinstance(r, FileProblem)]
+    dumps, notes = _one_per_rank([r for r in results if isinstance(r, RankDump)])
+    if not dumps:
+        lines = "; ".join(p.line() for p in problems[:5]) + ("; ..." if len(problems) > 5 else "")
+        raise UnusableInput(f"{path}: no readable dump ({lines})")
+    notes += _version_notes(dumps)
+    notes += _merge_notes(dumps)
+    entries = concat_entries([dumps[r].entries for r in sorted(dumps)])
+    for d in dumps.values():
+        d.entries = {}  # the table owns the rows now; keep per-rank records light
+    return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes)
+
+
+def _one_per_rank(dumps: list[RankDump]) -> tuple[dict[int, RankDump], list[str]]:
+    by_rank: dict[int, list[RankDump]] = defaultdict(list)
+    for d in dumps:
+        by_rank[d.rank].append(d)
+    chosen: dict[int, RankDump] = {}
+    notes: list[str] = []
+    for rank, cands in by_rank.items():
+        cands.sort(key=lambda d: (FORMAT_PREFERENCE.get(d.fmt, 9), d.file))
+        chosen[rank] = cands[0]
+        if len(cands) > 1:
+            others = ", ".join(c.file for c in cands[1:])
+            notes.append(f"rank {rank}: several dumps; used {cands[0].file}, ignored {others}")
+    return chosen, notes
+
+
+def _version_notes(dumps: dict[int, RankDump]) -> list[str]:
+    versions: dict[str, list[int]] = defaultdict(list)
+    for rank, d in dumps.items():
+        versions[str(d.meta.get("version"))].append(rank)
+    if len(versions) <= 1:
+        return []
+    parts = "; ".join(f"{v}: ranks {ranges(r)}" for v, r in sorted(versions.items()))
+    return [f"mismatched dump versions ({parts}): fields may not mean the same on every rank"]
+
+
+def _merge_notes(dumps: dict[int, RankDump]) -> list[str]:
+    """Per-file notes, each stated once with the ranks it applies to."""
+    seen: dict[str, list[int]] = defaultdict(list)
+    for rank, d in sorted(dumps.items()):
+        for note in d.notes:
+            seen[note].append(rank)
+    return [f"{note} (ranks {ranges(r)})" for note, r in seen.items()]
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+

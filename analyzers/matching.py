@@ -1,0 +1,268 @@
+"""Line collectives up across group members and find the positions where ranks disagree.
+
+Why vectorised: a job of thousands of ranks dumps millions of entries. Each entry gets comparable
+signatures (op, shapes under the all_gather / reduce_scatter size rules, dtypes, reduce op) that are
+computed once per *distinct* combination, then `groupby((group, seq)).nunique()` finds every
+disagreeing position at once. Only disagreeing positions are looked at one by one, and all of them
+are reported (not just the first of a group). Coalesced/batched blocks that share a sequence number
+on a rank are compared as one unit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .constants import (
+    ALL_GATHER_OPS,
+    GATHER_OPS,
+    LOOSE_SHAPE_OPS,
+    NO_PAYLOAD_OPS,
+    REDUCE_SCATTER_OPS,
+    SCATTER_OPS,
+)
+
+FIELDS = ("op", "shapes", "dtypes", "reduce_op")
+MAX_REPORTED = 1000
+_SIG_COLUMNS = ["group", "op", "in_shapes", "out_shapes", "in_dtypes", "out_dtypes"]
+
+
+@dataclass
+class Mismatch:
+    """Ranks that disagree with the majority at one position, for one field."""
+
+    group: str
+    seq: int
+    field: str
+    ranks: list[int]
+    values: dict[str, list[int]]
+    expected: str
+    op: str
+    kind: str = "coll"
+    tie: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report's `mismatches` item."""
+        out = {
+            "group": self.group,
+            "seq": self.seq,
+            "ranks": self.ranks,
+            "field": self.field,
+            "values": self.values,
+            "expected": self.expected,
+            "op": self.op,
+            "kind": self.kind,
+            "tie": self.tie,
+        }
+        out.update(self.extra)
+        return out
+
+
+@dataclass
+class MatchResult:
+    """All mismatches, plus the (group, seq, rank) culprits the wait graph points edges at."""
+
+    mismatches: list[Mismatch]
+    culprits: pd.DataFrame  # columns group, seq, rank (collectives only)
+    positions: pd.DataFrame  # one row per (rank, group, seq) collective unit with its signatures
+    notes: list[str]
+
+
+def match(entries: pd.DataFrame, members: dict[str, tuple[int, ...]]) -> MatchResult:
+    """Compare every collective position and every matched send/recv pair."""
+    notes: list[str] = []
+    positions = collective_positions(entries, members)
+    mismatches = _collective_mismatches(positions)
+    mismatches += _p2p_mismatches(entries)
+    if len(mismatches) > MAX_REPORTED:
+        notes.append(f"{len(mismatches)} mismatching positions; the report lists the first {MAX_REPORTED}")
+    mismatches.sort(key=lambda m: (m.group, m.seq, FIELDS.index(m.field) if m.field in FIELDS else 9))
+    rows = [(m.group, m.seq, r) for m in mismatches if m.kind == "coll" for r in m.ranks]
+    culprits = pd.DataFrame(rows, columns=["group", "seq", "rank"]).drop_duplicates()
+    return MatchResult(mismatches=mismatches[:MAX_REPORTED], culprits=culprits, positions=positions, notes=notes)
+
+
+def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ...]]) -> pd.DataFrame:
+    """One row per (rank, group, seq) collective unit, with string signatures for each field."""
+    coll = entries.loc[
+        (entries["kind"] == "coll") & (entries["seq"] > 0), ["rank", "id", "seq", "state", "reduce_op", *_SIG_COLUMNS]
+    ]
+    if coll.empty:
+        return pd.DataFrame(columns=["rank", "group", "seq", "id", "state", *FIELDS])
+    grouped = coll.groupby(_SIG_COLUMNS, observed=True, dropna=False, sort=False)
+    key = grouped.ngroup().to_numpy()
+    firsts = grouped.head(1)
+    order = grouped.ngroup().loc[firsts.index].to_numpy()
+    shape_sig = np.empty(len(firsts), dtype=object)
+    dtype_sig = np.empty(len(firsts), dtype=object)
+    for i, row in zip(order, firsts.itertuples(index=False), strict=True):  # distinct combinations only
+        size = len(members.get(str(row.group), ())) or 1
+        shape_sig[i], dtype_sig[i] = _signature(str(row.op), row.in_shapes, row.out_shapes, row.in_dtypes, row.out_dtypes, size)
+    def text(values: np.ndarray) -> pd.Series:  # object, not pandas' arrow strings: no per-row conversion
+        return pd.Series(values, dtype=object)
+
+    sig = pd.DataFrame(
+        {
+            "rank": coll["rank"].to_numpy(),
+            "group": text(coll["group"].to_numpy(dtype=object)),
+            "seq": coll["seq"].to_numpy(),
+            "id": coll["id"].to_numpy(),
+            "state": text(coll["state"].to_numpy(dtype=object)),
+            "op": text(coll["op"].to_numpy(dtype=object)),
+            "shapes": text(shape_sig[key]),
+            "dtypes": text(dtype_sig[key]),
+            "reduce_op": text(coll["reduce_op"].astype(object).fillna("").to_numpy(dtype=object)),
+        }
+    )
+    dup = sig.duplicated(["rank", "group", "seq"], keep=False)
+    if dup.any():  # coalesced blocks: one unit per (rank, group, seq), fields joined in record order
+        units = sig[dup].sort_values("id").groupby(["rank", "group", "seq"], sort=False).agg(
+            id=("id", "min"),
+            state=("state", _unit_state),
+            op=("op", " + ".join),
+            shapes=("shapes", " + ".join),
+            dtypes=("dtypes", " + ".join),
+            reduce_op=("reduce_op", " + ".join),
+        )
+        sig = pd.concat([sig[~dup], units.reset_index()], ignore_index=True)
+    return sig
+
+
+def _unit_state(states: pd.Series) -> str:
+    values = set(states)
+    for s in ("failed", "started", "enqueued", "unknown"):
+        if s in values:
+            return s
+    return "completed"
+
+
+def _collective_mismatches(pos: pd.DataFrame) -> list[Mismatch]:
+    if pos.empty:
+        return []
+    out: list[Mismatch] = []
+    pos = pos[~pos["op"].str.contains("unknown", regex=False)]  # C++ ops of unknown kind match anything
+    if pos.empty:
+        return []
+    counts = pos.groupby(["group", "seq"], sort=False)[list(FIELDS)].nunique()
+    op_bad = counts["op"] > 1
+    for name in FIELDS:
+        bad = counts.index[(counts[name] > 1) & (~op_bad if name != "op" else True)]
+        if not len(bad):
+            continue
+        sub = pos.set_index(["group", "seq"]).loc[bad].reset_index()
+        for (group, seq), part in sub.groupby(["group", "seq"], sort=False):
+            out.append(_minority(str(group), int(seq), name, part))
+    return out
+
+
+def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:
+    by_value: dict[str, list[int]] = {}
+    for value, ranks in part.groupby(name, sort=False)["rank"]:
+        by_value[str(value)] = sorted(int(r) for r in ranks)
+    ordered = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    expected = ordered[0][0]
+    tie = len(ordered) > 1 and len(ordered[1][1]) == len(ordered[0][1])
+    culprits = sorted(r for v, rs in by_value.items() if v != expected for r in rs)
+    ops = part["op"].value_counts()
+    return Mismatch(
+        group=group, seq=seq, field=name, ranks=culprits, values=dict(ordered), expected=expected, op=str(ops.index[0]), tie=tie
+    )
+
+
+def _p2p_mismatches(entries: pd.DataFrame) -> list[Mismatch]:
+    p2p = entries.loc[(entries["kind"] == "p2p") & (entries["seq"] > 0) & (entries["peer"] >= 0)]
+    if p2p.empty:
+        return []
+    op = p2p["op"].astype(object)
+    in_s, out_s = p2p["in_shapes"].astype(object), p2p["out_shapes"].astype(object)
+    in_d, out_d = p2p["in_dtypes"].astype(object), p2p["out_dtypes"].astype(object)
+    is_send = op == "send"
+    empty_in = in_s.isna() | (in_s == "[]")
+    empty_out = out_s.isna() | (out_s == "[]")
+    payload = np.where(is_send, np.where(empty_in, out_s, in_s), np.where(empty_out, in_s, out_s))
+    dtypes = np.where(is_send, np.where(empty_in, out_d, in_d), np.where(empty_out, in_d, out_d))
+    frame = pd.DataFrame(
+        {
+            "group": p2p["group"].to_numpy(dtype=object),
+            "seq": p2p["seq"].to_numpy(),
+            "src": np.where(is_send, p2p["rank"], p2p["peer"]),
+            "dst": np.where(is_send, p2p["peer"], p2p["rank"]),
+            "shapes": payload,
+            "dtypes": dtypes,
+            "send": is_send.to_numpy(),
+        }
+    )
+    key = ["group", "src", "dst", "seq"]
+    pairs = frame[frame["send"]].merge(frame[~frame["send"]], on=key, suffixes=("_s", "_r"))
+    out: list[Mismatch] = []
+    for name in ("shapes", "dtypes"):
+        a, b = pairs[f"{name}_s"].astype(str), pairs[f"{name}_r"].astype(str)
+        for row in pairs[a != b].itertuples(index=False):
+            sv, rv = str(getattr(row, f"{name}_s")), str(getattr(row, f"{name}_r"))
+            out.append(
+                Mismatch(
+                    group=str(row.group),
+                    seq=int(row.seq),
+                    field=name,
+                    ranks=sorted({int(row.src), int(row.dst)}),
+                    values={f"send {sv}": [int(row.src)], f"recv {rv}": [int(row.dst)]},
+                    expected=sv,
+                    op="send/recv",
+                    kind="p2p",
+                    extra={"src": int(row.src), "dst": int(row.dst)},
+                )
+            )
+    return out
+
+
+def _signature(op: str, ins: Any, outs: Any, in_dt: Any, out_dt: Any, size: int) -> tuple[str, str]:
+    """Shape and dtype signatures under each op family's rules (computed per distinct combination)."""
+    if op in NO_PAYLOAD_OPS:
+        return "", ""
+    i, o = _shapes(ins), _shapes(outs)
+    idt, odt = _text(in_dt), _text(out_dt)
+    if op in ALL_GATHER_OPS:
+        total_in, total_out = _numel(i), _numel(o)
+        rule = "" if total_out == total_in * size else f" (output != input x group size {size})"
+        return f"in {_fmt(i)}, out numel {total_out}{rule}", f"{idt}->{odt}"
+    if op in REDUCE_SCATTER_OPS:
+        total_in, total_out = _numel(i), _numel(o)
+        rule = "" if total_in == total_out * size else f" (input != output x group size {size})"
+        return f"in numel {total_in}, out {_fmt(o)}{rule}", f"{idt}->{odt}"
+    if op in SCATTER_OPS:
+        return f"out {_fmt(o)}", odt
+    if op in GATHER_OPS:
+        return f"in {_fmt(i)}", idt
+    if op in LOOSE_SHAPE_OPS:
+        return f"{len(i)} -> {len(o)} tensors", f"{idt}->{odt}"
+    if op == "broadcast":
+        return _fmt(i or o), idt or odt
+    return f"{_fmt(i)} -> {_fmt(o)}", f"{idt}->{odt}"
+
+
+def _shapes(text: Any) -> list[list[int]]:
+    if not isinstance(text, str) or not text:
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    return [list(s) for s in value if isinstance(s, list)] if isinstance(value, list) else []
+
+
+def _numel(shapes: list[list[int]]) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
+def _fmt(shapes: list[list[int]]) -> str:
+    return "[" + ", ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes) + "]"
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""

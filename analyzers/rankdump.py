@@ -1,0 +1,61 @@
+"""What a reader hands back for one file: a rank's normalised entries plus what the file says about it.
+
+Why a separate type: readers run in worker processes; this small picklable record is the whole
+interface between "a file on disk, in any supported format" and the analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .columns import Columns
+
+
+class DumpError(Exception):
+    """A file that cannot be used; the message is the one-line reason shown to the user."""
+
+
+@dataclass
+class GroupInfo:
+    """One process group as one rank saw it. `ranks` is None when the dump does not say."""
+
+    name: str
+    desc: str = ""
+    backend: str = ""
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass
+class RankDump:
+    """One readable dump file, normalised."""
+
+    rank: int
+    file: str
+    fmt: str
+    entries: Columns  # normalised columns (see columns.py); emptied once merged into the table
+    groups: list[GroupInfo] = field(default_factory=list)
+    threads: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    pg_status: dict[str, dict[str, int]] | None = None
+    # False when the format cannot observe completion (PyTorch 2.13 gloo: `retired` even on timeouts).
+    completion_reliable: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> int:
+        """Entries the ring overwrote before the dump (0 when unknown)."""
+        return int(self.meta.get("dropped") or 0)
+
+
+@dataclass
+class FileProblem:
+    """A file that could not be used, with the rank its name implies (None when it names none)."""
+
+    file: str
+    reason: str
+    rank: int | None = None
+
+    def line(self) -> str:
+        """The one-line message for the user."""
+        return f"{self.file}: {self.reason}"

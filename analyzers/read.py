@@ -1,0 +1,114 @@
+"""Read one file of any supported kind: sniff the bytes, decode safely, hand off to the right parser.
+
+Why content sniffing rather than names: dumps get renamed, copied and mixed in one folder; the
+gzip/pickle/JSON magic and the decoded top level decide what a file is. Every failure becomes a
+`DumpError` whose text is the one-line reason shown to the user: this function never lets a
+traceback escape for a bad file, and a pickle can never run code (see safe_pickle).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import re
+import zlib
+from typing import Any
+
+from . import read_flightrec, read_torch_fr, safe_pickle
+from .constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE
+from .rankdump import DumpError, FileProblem, RankDump
+
+try:  # optional: 2-3x faster than the standard library on big dumps; same results
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+FLIGHTREC_NAME = re.compile(r"^rank-(\d+)\.json(?:\.gz)?$")
+TRAILING_RANK = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?(?:\.gz)?$")
+
+
+def rank_from_name(name: str) -> int | None:
+    """`rank-00003.json.gz` -> 3, `nccl_trace_rank_3` / `comm_lib_trace_rank_3.json` -> 3, else None."""
+    if name.startswith("rank-"):  # flightrec's own names; `rank-unknown-<pid>` names no rank
+        m = FLIGHTREC_NAME.match(name)
+    else:
+        m = TRAILING_RANK.search(name)
+    return int(m.group(1)) if m else None
+
+
+def read_path(path: str) -> RankDump | FileProblem:
+    """Read and normalise one file; a problem (never an exception) when it cannot be used."""
+    name = os.path.basename(path)
+    hint = rank_from_name(name)
+    try:
+        return _read(path, name, hint)
+    except DumpError as exc:
+        return FileProblem(file=name, reason=str(exc), rank=hint)
+    except MemoryError:
+        return FileProblem(file=name, reason="file too large to load", rank=hint)
+    except Exception as exc:  # noqa: BLE001 - a malformed dump must never stop the other ranks
+        return FileProblem(file=name, reason=f"unreadable ({type(exc).__name__}: {_short(exc)})", rank=hint)
+
+
+def _read(path: str, name: str, hint: int | None) -> RankDump:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise DumpError(f"cannot read file ({exc.strerror or exc})") from None
+    if not data:
+        raise DumpError("empty file")
+    obj, how = _decode(data)
+    if read_flightrec.is_flightrec(obj):
+        return read_flightrec.parse(obj, name, hint)
+    if read_torch_fr.is_torch_fr(obj):
+        return read_torch_fr.parse(obj, name, hint, FMT_TORCH_PICKLE if how == "pickle" else FMT_TORCH_JSON)
+    if isinstance(obj, dict) and "format" in obj:
+        raise DumpError(f"foreign {how} file (format {str(obj['format'])[:40]!r}, expected 'flightrec-dump')")
+    raise DumpError(f"foreign {how} file: neither a flightrec dump nor a PyTorch flight-recorder dump")
+
+
+def _decode(data: bytes) -> tuple[Any, str]:
+    how = "JSON"
+    if data[:2] == b"\x1f\x8b":
+        how = "gzip JSON"
+        try:
+            data = gzip.decompress(data)
+        except EOFError:
+            raise DumpError("truncated gzip stream (file cut short)") from None
+        except (OSError, zlib.error) as exc:
+            raise DumpError(f"corrupt gzip data ({_short(exc)})") from None
+        if not data.strip():
+            raise DumpError("empty after gunzip")
+    if data[:1] == b"\x80":
+        try:
+            return safe_pickle.loads(data), "pickle"
+        except safe_pickle.UnsafePickleError as exc:
+            raise DumpError(f"refused pickle: {exc}") from None
+        except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError) as exc:
+            raise DumpError(f"truncated or corrupt pickle ({type(exc).__name__}: {_short(exc)})") from None
+    head = data.lstrip()[:1]
+    if head not in (b"{", b"["):
+        raise DumpError("not a dump: neither gzip, pickle nor JSON")
+    if _orjson is not None:
+        try:
+            return _orjson.loads(data), how
+        except (ValueError, TypeError, RecursionError):
+            pass  # NaN, huge ints, odd encodings: let the standard library decide and explain
+    try:
+        return json.loads(data), how
+    except UnicodeDecodeError:
+        raise DumpError(f"{how} is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        cut = exc.pos >= len(data.rstrip()) - 1
+        reason = "truncated" if cut else "invalid"
+        raise DumpError(f"{reason} {how} ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise DumpError(f"{how} nested too deeply") from None
+
+
+def _short(exc: BaseException, limit: int = 120) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,134 @@
+"""Reader for flightrec's own dumps (docs/dump-format.md, schema version 1).
+
+Why: the dump is already column-oriented, so it becomes a DataFrame without a per-entry Python loop;
+this module only validates the top level and turns lists (shapes, dtypes) into comparable text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .columns import dtype_text, finish_columns, text_column
+from .constants import FMT_FLIGHTREC, SUPPORTED_FLIGHTREC_SCHEMA, TORCH_DTYPE_NAMES
+from .rankdump import DumpError, GroupInfo, RankDump
+
+FORMAT_TAG = "flightrec-dump"
+REQUIRED_COLUMNS = ("id", "group", "seq", "kind", "op", "state")
+META_FIELDS = (
+    "world_size",
+    "local_rank",
+    "host",
+    "pid",
+    "job_id",
+    "torch_version",
+    "python_version",
+    "flightrec_version",
+    "backends",
+    "reason",
+    "reason_detail",
+    "dump_time_ns",
+    "clock",
+    "capacity",
+    "recorded",
+    "dropped",
+    "recorder_errors",
+)
+
+
+def is_flightrec(obj: Any) -> bool:
+    """True for a decoded flightrec dump (checked by its `format` tag, not by the file name)."""
+    return isinstance(obj, dict) and obj.get("format") == FORMAT_TAG
+
+
+def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
+    """Validate and normalise one decoded flightrec dump."""
+    version = obj.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise DumpError(f"flightrec dump without an integer schema_version (got {version!r})")
+    if version != SUPPORTED_FLIGHTREC_SCHEMA:
+        raise DumpError(
+            f"unsupported flightrec schema_version {version} (this analyzer reads {SUPPORTED_FLIGHTREC_SCHEMA})"
+        )
+    rank = obj.get("rank")
+    if not isinstance(rank, int) or rank < 0:
+        if rank_hint is None:
+            raise DumpError(f"dump has rank {rank!r} and the file name names no rank")
+        rank = rank_hint
+    cols = obj.get("entries")
+    if not isinstance(cols, dict):
+        raise DumpError("`entries` is not an object of columns")
+    missing = [c for c in REQUIRED_COLUMNS if c not in cols]
+    n = len(cols.get("id") or [])
+    if missing and n:
+        raise DumpError(f"entries lack column(s) {', '.join(missing)}")
+    try:
+        entries = finish_columns(_normalise(cols), rank)
+    except (ValueError, TypeError) as exc:
+        raise DumpError(f"bad entries: {exc}") from None
+
+    groups = [_group(g) for g in obj.get("groups") or [] if isinstance(g, dict) and "name" in g]
+    meta = {k: obj.get(k) for k in META_FIELDS}
+    meta["version"] = f"flightrec {obj.get('flightrec_version')} schema {version}"
+    meta["first_id"] = int(entries["id"][0]) if len(entries["id"]) else None
+    clock = obj.get("clock") if isinstance(obj.get("clock"), dict) else {}
+    if isinstance(clock.get("wall_ns"), int) and isinstance(clock.get("mono_ns"), int):
+        meta["wall_offset_ns"] = clock["wall_ns"] - clock["mono_ns"]  # entry times are monotonic
+    torch_fr = obj.get("torch_fr") or {}
+    pg_status = torch_fr.get("pg_status") if isinstance(torch_fr, dict) else None
+    threads = [t for t in obj.get("threads") or [] if isinstance(t, dict)]
+    return RankDump(
+        rank=rank,
+        file=file,
+        fmt=FMT_FLIGHTREC,
+        entries=entries,
+        groups=groups,
+        threads=threads,
+        meta=meta,
+        pg_status=_int_status(pg_status),
+    )
+
+
+def _normalise(cols: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: v for k, v in cols.items()}
+    for name in ("in_shapes", "out_shapes"):
+        if name in cols:
+            out[name] = text_column(cols[name])
+    for name in ("in_dtypes", "out_dtypes"):
+        if name in cols:
+            out[name] = text_column(cols[name], _dtypes)
+    return out
+
+
+_LOWER_DTYPES = {k.lower(): v for k, v in TORCH_DTYPE_NAMES.items()}
+
+
+def _dtypes(text: str) -> str:
+    """Python-side names (`float32`) stay; C++-side names (`float`, `long`) become torch dtype names."""
+    return ",".join(_LOWER_DTYPES.get(t, t) for t in dtype_text(text).split(",") if t)
+
+
+def _group(g: dict[str, Any]) -> GroupInfo:
+    ranks = g.get("ranks")
+    members = tuple(int(r) for r in ranks) if isinstance(ranks, list) and ranks else None
+    return GroupInfo(name=str(g["name"]), desc=str(g.get("desc") or ""), backend=str(g.get("backend") or ""), ranks=members)
+
+
+def _int_status(status: Any) -> dict[str, dict[str, int]] | None:
+    if not isinstance(status, dict):
+        return None
+    out: dict[str, dict[str, int]] = {}
+    for pg, fields in status.items():
+        if isinstance(fields, dict):
+            out[str(pg)] = {k: int(v) for k, v in fields.items() if _is_int(v)}
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    try:
+        int(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+__all__ = ["is_flightrec", "parse"]

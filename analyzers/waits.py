@@ -1,0 +1,311 @@
+"""Who waits for whom: each rank's blocking op and the members it is waiting on.
+
+Why: a hang is a chain of waits. A rank's blocking op is its oldest incomplete entry (with its whole
+coalescing unit). It waits in (group, seq) for every member that has not entered that position, that
+has no dump, that entered an incompatible op there, or that entered it but is itself blocked on an
+earlier op elsewhere (so waits chain across groups). For p2p, it waits for the peer that has not
+posted the matching op (the k-th send a->b pairs with the k-th recv b<-a).
+
+Two weaker kinds of evidence are used and labelled: a rank whose last op *failed* (e.g. timed out)
+is taken as having been blocked there, and on formats that cannot observe completion (PyTorch's gloo
+recorder) a rank's last op counts as blocking when some member never entered it. Members whose
+history is lost (the ring wrapped past the group) are "unknown", never assumed either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .constants import COMPLETED, FAILED, PENDING_STATES, UNKNOWN
+from .rankdump import RankDump
+
+# Why a rank waits for a member (edge attribute `reason`).
+R_NOT_ENTERED = "not_entered"
+R_NO_DUMP = "no_dump"
+R_UNREADABLE = "unreadable"
+R_MISMATCH = "mismatch"
+R_BLOCKED = "blocked_elsewhere"
+
+HOW_PENDING = "pending"
+HOW_FAILED = "failed"
+HOW_INFERRED = "inferred"
+
+_COLS = ["rank", "id", "group", "seq", "kind", "op", "peer", "state", "unit", "pg_seq", "site", "t_enqueue_ns"]
+
+
+@dataclass
+class Wait:
+    """One rank's blocking op and the ranks it waits for."""
+
+    rank: int
+    kind: str
+    group: str
+    seq: int
+    op: str
+    peer: int
+    state: str
+    how: str
+    id: int
+    site: str | None
+    t_wall_ns: int | None
+    positions: list[tuple[str, str, int, str, int]]  # (kind, group, seq, op, peer) of the unit
+    targets: dict[int, str] = field(default_factory=dict)  # member -> reason
+    unknown: dict[int, str] = field(default_factory=dict)  # member -> why it cannot be told
+
+    def item(self) -> dict[str, object]:
+        """The report's `waits` item."""
+        out: dict[str, object] = {
+            "rank": self.rank,
+            "group": self.group,
+            "seq": self.seq,
+            "op": self.op,
+            "waits_for": sorted(self.targets),
+            "state": self.state,
+            "evidence": self.how,
+            "reasons": {str(k): v for k, v in sorted(self.targets.items())},
+        }
+        if self.kind == "p2p":
+            out["peer"] = self.peer
+        if self.unknown:
+            out["unknown"] = sorted(self.unknown)
+        return out
+
+
+@dataclass
+class WaitResult:
+    """Blocking ops of every waiting or stuck rank, keyed by rank, plus evidence gaps."""
+
+    waits: dict[int, Wait]
+    notes: list[str]
+
+
+@dataclass
+class _Ctx:
+    entries: pd.DataFrame
+    positions: pd.DataFrame
+    members: dict[str, tuple[int, ...]]
+    dumps: dict[int, RankDump]
+    absent: dict[int, str]
+    culprits: set[tuple[str, int, int]]
+    wrapped: set[int]
+    notes: list[str]
+    known: set[str]
+
+
+def find_waits(
+    entries: pd.DataFrame,
+    positions: pd.DataFrame,
+    members: dict[str, tuple[int, ...]],
+    dumps: dict[int, RankDump],
+    absent: dict[int, str],
+    culprits: pd.DataFrame,
+    known_groups: set[str] | None = None,
+) -> WaitResult:
+    """Blocking op per rank and the members each one waits for.
+
+    `known_groups`: groups whose membership is recorded (default: all). In any other group, a rank
+    that finds every known member inside the position cannot conclude that nobody is missing.
+    """
+    wrapped = {r for r, d in dumps.items() if d.dropped > 0 or (d.meta.get("first_id") or 0) > 0}
+    culprit_set = {(str(g), int(s), int(r)) for g, s, r in culprits[["group", "seq", "rank"]].itertuples(index=False)}
+    known = set(members) if known_groups is None else known_groups
+    ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known)
+    waits = _blocking(ctx)
+    _coll_targets(ctx, waits)
+    _p2p_targets(ctx, waits)
+    for rank in [r for r, w in waits.items() if w.how == HOW_INFERRED and R_NOT_ENTERED not in w.targets.values()]:
+        del waits[rank]  # only a dumped member that never entered contradicts the recorded completion
+    for w in waits.values():
+        if w.how == HOW_INFERRED:
+            ctx.notes.append(
+                f"rank {w.rank}: its recorder cannot observe completion; {w.op} (group {w.group}, seq {w.seq}) is "
+                f"its last op and rank(s) {_short({m for m, why in w.targets.items() if why == R_NOT_ENTERED})} "
+                "never entered it, so it is taken as still waiting"
+            )
+        if w.unknown:
+            why = "; ".join(sorted(set(w.unknown.values())))
+            named = {m for m in w.unknown if m >= 0}
+            who = f"cannot tell whether rank(s) {_short(named)} took part" if named else "cannot tell whom it waits for"
+            ctx.notes.append(f"rank {w.rank} waits in {w.op} (group {w.group}, seq {w.seq}); {who}: {why}")
+    return WaitResult(waits=waits, notes=ctx.notes)
+
+
+def _blocking(ctx: _Ctx) -> dict[int, Wait]:
+    e = ctx.entries[_COLS]
+    pending = e["state"].isin(PENDING_STATES)
+    unknown = e["state"] == UNKNOWN
+    if unknown.any():  # a C++ op of unknown state blocks only as the rank's last op, per pg_status
+        last = e["id"] == e.groupby("rank")["id"].transform("max")
+        pending |= unknown & last & _pg_status_pending(e, ctx.dumps)
+    chosen: list[pd.DataFrame] = []
+    p = e[pending]
+    if not p.empty:
+        firsts = p.loc[p.groupby("rank")["id"].idxmin()]
+        units = firsts.loc[firsts["unit"] >= 0, ["rank", "unit"]]
+        in_unit = p.merge(units, on=["rank", "unit"]) if not units.empty else p.iloc[0:0]
+        chosen.append(pd.concat([firsts[firsts["unit"] < 0], in_unit]).assign(how=HOW_PENDING))
+    idle = e[~e["rank"].isin(p["rank"].unique())]
+    if not idle.empty:
+        lasts = idle.loc[idle.groupby("rank")["id"].idxmax()]
+        failed = lasts["state"] == FAILED
+        unreliable = lasts["rank"].map(lambda r: not ctx.dumps[int(r)].completion_reliable).astype(bool)
+        chosen.append(lasts[failed].assign(how=HOW_FAILED))
+        chosen.append(lasts[~failed & unreliable].assign(how=HOW_INFERRED))
+    waits: dict[int, Wait] = {}
+    if not chosen:
+        return waits
+    rows = pd.concat(chosen).sort_values(["rank", "id"])
+    offsets = {r: d.meta.get("wall_offset_ns") for r, d in ctx.dumps.items()}
+    fields = ["rank", "kind", "group", "seq", "op", "peer", "state", "how", "id", "site", "t_enqueue_ns"]
+    for row in rows[fields].astype(object).itertuples(index=False):  # one row per blocking op
+        rank = int(row.rank)
+        position = (str(row.kind), str(row.group), int(row.seq), str(row.op), int(row.peer))
+        if rank in waits:
+            waits[rank].positions.append(position)
+            continue
+        offset = offsets.get(rank)
+        t = row.t_enqueue_ns
+        waits[rank] = Wait(
+            rank=rank,
+            kind=position[0],
+            group=position[1],
+            seq=position[2],
+            op=position[3],
+            peer=position[4],
+            state=str(row.state),
+            how=str(row.how),
+            id=int(row.id),
+            site=None if pd.isna(row.site) else str(row.site),
+            t_wall_ns=None if (pd.isna(t) or offset is None) else int(t) + int(offset),
+            positions=[position],
+        )
+    return waits
+
+
+def _pg_status_pending(e: pd.DataFrame, dumps: dict[int, RankDump]) -> pd.Series:
+    """`unknown`-state ops that the backend's own status (torch_fr pg_status) has not completed.
+
+    pg_status is keyed by the backend's pg uid; flightrec entries carry group names, which equal the
+    uid in the common case (groups created in the same order on every rank). The recorder already
+    resolves most C++ ops itself, so this only decides the rare ones it left `unknown`.
+    """
+    last: dict[tuple[int, str], int] = {}
+    for rank, d in dumps.items():
+        for pg, fields in (d.pg_status or {}).items():
+            if "last_completed_collective" in fields:
+                last[(rank, pg)] = fields["last_completed_collective"]
+    if not last:
+        return pd.Series(False, index=e.index)
+    keys = pd.MultiIndex.from_arrays([e["rank"], e["group"].astype(object)])
+    done = pd.Series(last).reindex(keys).to_numpy(dtype=float)
+    return pd.Series(~np.isnan(done) & (e["pg_seq"].to_numpy() > np.nan_to_num(done, nan=np.inf)), index=e.index)
+
+
+def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
+    at: dict[tuple[str, int], list[int]] = {}
+    for w in waits.values():
+        for kind, g, s, _, _ in w.positions:
+            if kind == "coll":
+                at.setdefault((g, s), []).append(w.rank)
+    if not at:
+        return
+    coll = ctx.entries.loc[ctx.entries["kind"] == "coll", ["group", "rank", "seq"]]
+    hi = coll.groupby([coll["group"].astype(object), "rank"])["seq"].max()
+    blocked_at = {(g, s): set(rs) for (g, s), rs in at.items()}
+    blocked_ranks = np.fromiter(waits, dtype=np.int64)
+    needed = pd.DataFrame(list(at), columns=["group", "seq"])
+    states = ctx.positions.merge(needed, on=["group", "seq"])[["group", "seq", "rank", "state"]]
+    state_at = {key: dict(zip(part["rank"], part["state"], strict=True)) for key, part in states.groupby(["group", "seq"])}
+    absent = np.fromiter(ctx.absent, dtype=np.int64)
+    wrapped = np.fromiter(ctx.wrapped, dtype=np.int64)
+    for (g, s), waiters in at.items():  # one iteration per distinct blocking position
+        members = np.asarray(ctx.members.get(g, ()), dtype=np.int64)
+        if s <= 0 or not len(members):
+            for r in waiters:
+                waits[r].unknown.update({-1: f"group {g} has no known members or seq"})
+            continue
+        try:
+            hi_g = hi.loc[g].reindex(members).to_numpy(dtype=float)
+        except KeyError:
+            hi_g = np.full(len(members), np.nan)
+        is_absent = np.isin(members, absent)
+        none = np.isnan(hi_g)
+        is_wrapped = np.isin(members, wrapped)
+        not_entered = ~is_absent & ((hi_g < s) | (none & ~is_wrapped))
+        unknown = ~is_absent & none & is_wrapped
+        entered = ~is_absent & ~none & (hi_g >= s)
+        states_here = state_at.get((g, s), {})
+        done = np.fromiter((states_here.get(int(m)) == COMPLETED for m in members[entered]), dtype=bool, count=int(entered.sum()))
+        candidates = members[entered][~done]
+        elsewhere = candidates[np.isin(candidates, blocked_ranks) & ~np.isin(candidates, list(blocked_at[(g, s)]))]
+        reasons: dict[int, str] = {int(m): ctx.absent[int(m)] for m in members[is_absent]}
+        reasons.update({int(m): R_NOT_ENTERED for m in members[not_entered]})
+        reasons.update({int(m): R_BLOCKED for m in elsewhere})
+        culprits = {int(m) for m in members[entered] if (g, s, int(m)) in ctx.culprits}
+        lost = {int(m): f"rank {int(m)}'s ring wrapped and holds no op of group {g}" for m in members[unknown]}
+        for r in waiters:
+            w = waits[r]
+            w.targets.update({m: why for m, why in reasons.items() if m != r})
+            if (g, s, r) not in ctx.culprits:
+                w.targets.update({m: R_MISMATCH for m in culprits if m != r})
+            w.unknown.update({m: why for m, why in lost.items() if m != r})
+            if g not in ctx.known and not w.targets:
+                w.unknown[-1] = (
+                    f"group {g}'s membership is not recorded: every rank known to be in it entered seq {s}, "
+                    "and a member that did not cannot be named"
+                )
+
+
+def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
+    rows = [(w, p) for w in waits.values() for p in w.positions if p[0] == "p2p"]
+    if not rows:
+        return
+    p2p = ctx.entries.loc[ctx.entries["kind"] == "p2p", ["rank", "group", "op", "peer", "seq", "state", "id"]]
+    p2p = p2p.assign(group=p2p["group"].astype(object), op=p2p["op"].astype(object))
+    hi = p2p.groupby(["rank", "group", "op", "peer"])["seq"].max().to_dict()
+    entry = p2p.set_index(["rank", "group", "op", "peer", "seq"])[["state", "id"]]
+    entry = entry[~entry.index.duplicated()]
+    co_waits: list[tuple[Wait, int]] = []
+    for w, (_, g, k, op, peer) in rows:  # per blocked p2p op: bounded by ranks x unit size
+        if peer < 0 or k <= 0:
+            w.unknown[-1] = f"{op} from any source in group {g}: the peer is not known"
+            continue
+        if peer in ctx.absent:
+            w.targets[peer] = ctx.absent[peer]
+            continue
+        other = "recv" if op == "send" else "send"
+        top = hi.get((peer, g, other, w.rank))
+        if top is None:
+            if peer in ctx.wrapped:
+                w.unknown[peer] = f"rank {peer}'s ring wrapped and holds no {other} with rank {w.rank}"
+            else:
+                w.targets[peer] = R_NOT_ENTERED
+            continue
+        if top < k:
+            w.targets[peer] = R_NOT_ENTERED
+            continue
+        key = (peer, g, other, w.rank, k)
+        state = str(entry.loc[key, "state"]) if key in entry.index else None
+        if state == COMPLETED:
+            continue
+        mine = waits.get(peer)
+        if mine is None:
+            continue
+        if any(p[0] == "p2p" and p[1] == g and p[2] == k and p[4] == w.rank for p in mine.positions):
+            co_waits.append((w, peer))
+        else:
+            w.targets[peer] = R_BLOCKED
+    # A batch completes as one unit: the peer's matching op is stuck while its unit waits on someone.
+    for w, peer in co_waits:
+        mine = waits[peer]
+        if len(mine.positions) > 1 and mine.targets:
+            w.targets[peer] = R_BLOCKED
+
+
+def _short(ranks: dict[int, str] | set[int]) -> str:
+    from .textutil import ranges
+
+    return ranges(r for r in ranks if r >= 0) or "?"

@@ -1,0 +1,96 @@
+"""The `analyze` and `show` commands (the contract of `flightrec analyze` / `flightrec show`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from analyzers.cli import analyze_command, main, show_command
+
+from .conftest import GOLDEN, ROOT
+
+REQUIRED = {"schema", "verdict", "ranks", "root_causes", "waits", "cycles", "mismatches", "gaps"}
+
+
+def test_text_report_verdict_first(scenario):
+    result = CliRunner().invoke(analyze_command, [str(scenario("cascade"))])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("hang: rank 5 not_entered in all_reduce (group 3, seq 3)")
+    text = result.output
+    assert "root causes:" in text and "rank 5  not_entered  group 3 (tp2)  all_reduce  seq 3" in text
+    assert "call site: data.py:41 in decode_shard" in text and "data.py:88 in load_batch" in text
+    assert "wait chain" in text and "4 -> 5  in all_reduce (group 3, seq 3)" in text
+    # nearest to the root first
+    chain = text.split("wait chain")[1]
+    assert chain.index("4 -> 5") < chain.index("2-3, 6-7 -> 0-1, 4-5")
+
+
+def test_json_report_contract(scenario):
+    result = CliRunner().invoke(analyze_command, [str(scenario("missing_dump")), "--format", "json"])
+    assert result.exit_code == 0
+    report = json.loads(result.output)
+    assert REQUIRED <= set(report)
+    assert report["verdict"] in {"healthy", "hang", "desync", "deadlock"}
+    assert set(report["ranks"]) == {"expected", "dumped", "missing", "unreadable"}
+    for c in report["root_causes"]:
+        assert {"rank", "kind", "group", "seq", "op", "detail"} <= set(c)
+    for w in report["waits"]:
+        assert {"rank", "group", "seq", "op", "waits_for"} <= set(w)
+
+
+def test_json_report_mismatch_fields(scenario):
+    report = json.loads(CliRunner().invoke(analyze_command, [str(scenario("mismatch_op")), "--format", "json"]).output)
+    assert {"group", "seq", "ranks", "field", "values"} <= set(report["mismatches"][0])
+
+
+def test_dot_output(scenario, tmp_path):
+    dot = tmp_path / "waits.dot"
+    result = CliRunner().invoke(analyze_command, [str(scenario("p2p_deadlock")), "--dot", str(dot)])
+    assert result.exit_code == 0
+    text = dot.read_text()
+    assert text.startswith("digraph waits {") and "0 -> 1" in text and "1 -> 0" in text and "color=red" in text
+
+
+def test_show_lists_a_rank(scenario):
+    folder = scenario("cascade")
+    result = CliRunner().invoke(show_command, [str(folder), "--rank", "4"])
+    assert result.exit_code == 0
+    header = result.output.splitlines()[0].split()
+    assert header[:6] == ["id", "group", "seq", "kind", "op", "peer"]
+    assert "started" in result.output
+    only = CliRunner().invoke(show_command, [str(folder), "--rank", "4", "--group", "3"])
+    assert only.exit_code == 0 and len(only.output.splitlines()) == 1 + 3
+
+
+def test_show_missing_rank_exit_2(scenario):
+    result = CliRunner().invoke(show_command, [str(scenario("missing_dump")), "--rank", "3"])
+    assert result.exit_code == 2 and "rank 3: no readable dump" in result.stderr
+
+
+def test_show_torch_fr(tmp_path):
+    result = CliRunner().invoke(show_command, [str(GOLDEN / "torch_fr_gloo"), "--rank", "2"])
+    assert result.exit_code == 0 and "all_gather" in result.output
+
+
+def test_group_holds_both_commands():
+    assert set(main.commands) == {"analyze", "show"}
+    assert analyze_command.name == "analyze" and show_command.name == "show"
+
+
+def test_python_dash_m(scenario):
+    folder = scenario("compute_hang")
+    proc = subprocess.run(
+        [sys.executable, "-m", "analyzers", "analyze", str(folder), "--format", "json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verdict"] == "hang"
+    empty = folder.parent / "empty"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "analyzers", "analyze", str(empty)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "empty folder" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,95 @@
+"""Matching rules: size rules, coalesced units, ties, and every root cause of a random hang."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import analyzers
+from fixtures.builders import Job
+
+
+def _report(job: Job, tmp: Path, **kw) -> dict:
+    return analyzers.load(job.write(tmp, **kw)).report()
+
+
+def test_size_rules_accept_correct_gathers_and_scatters(tmp_path):
+    job = Job(3)
+    job.collective("0", "all_gather_into_tensor", shape=(2, 5))
+    job.collective("0", "reduce_scatter_tensor", shape=(7,))
+    job.collective("0", "all_gather", shape=(4,), out_shapes=[[4], [4], [4]])
+    job.collective("0", "all_to_all_single", ranks=[0], in_shapes=[[9]], out_shapes=[[3]])
+    job.collective("0", "all_to_all_single", ranks=[1, 2], in_shapes=[[6]], out_shapes=[[6]])
+    assert _report(job, tmp_path)["verdict"] == "healthy"
+
+
+def test_reduce_scatter_size_rule(tmp_path):
+    job = Job(2)
+    job.collective("0", "reduce_scatter_tensor", shape=(4,), ranks=[0])
+    job.collective("0", "reduce_scatter_tensor", shape=(4,), ranks=[1], in_shapes=[[6]])
+    (m,) = _report(job, tmp_path)["mismatches"]
+    assert m["field"] == "shapes" and m["tie"] and "group size 2" in " ".join(m["values"])
+
+
+def test_coalesced_block_is_one_unit(tmp_path):
+    job = Job(2)
+    for r in (0, 1):
+        unit = len(job.entries[r])
+        job.entry(r, group="0", seq=1, op="all_reduce", unit=unit, in_shapes=[[4]], out_shapes=[[4]], reduce_op="SUM")
+        job.entry(r, group="0", seq=1, op="all_reduce", unit=unit, in_shapes=[[8] if r else [4]], out_shapes=[[8] if r else [4]],
+                  reduce_op="SUM")
+    (m,) = _report(job, tmp_path)["mismatches"]
+    assert (m["seq"], m["field"]) == (1, "shapes")
+    assert set(m["values"]) == {"[[4]] -> [[4]] + [[4]] -> [[4]]", "[[4]] -> [[4]] + [[8]] -> [[8]]"}
+
+
+def test_p2p_payload_mismatch(tmp_path):
+    job = Job(2)
+    job.send("0", 0, 1, shape=(4,))
+    job.recv("0", 1, 0, shape=(5,))
+    report = _report(job, tmp_path)
+    (m,) = report["mismatches"]
+    assert (m["kind"], m["src"], m["dst"], m["field"], m["ranks"]) == ("p2p", 0, 1, "shapes", [0, 1])
+
+
+def test_comm_stuck_p2p_pair(tmp_path):
+    job = Job(2)
+    job.send("0", 0, 1, state="started")
+    job.recv("0", 1, 0, state="started")
+    report = _report(job, tmp_path)
+    assert [(c["rank"], c["kind"], c["ranks"]) for c in report["root_causes"]] == [(0, "comm_stuck", [0, 1])]
+
+
+def test_blocked_elsewhere_chains(tmp_path):
+    """Rank 1 entered world seq 2 asynchronously but is blocked earlier in group "1": 0 waits for 1, 1 for 2."""
+    job = Job(3)
+    job.group("1", [1, 2], "tp")
+    job.collective("1", "all_reduce", ranks=[1], state="started")
+    job.collective("0", "all_reduce", ranks=[0, 1], state="started", is_async=True)
+    job.stack(2, ["train.py:1 in main", "io.py:5 in read"])
+    report = _report(job, tmp_path)
+    assert {w["rank"]: w["reasons"] for w in report["waits"]} == {
+        0: {"1": "blocked_elsewhere", "2": "not_entered"},
+        1: {"2": "not_entered"},
+    }
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(2, "not_entered")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(world=st.integers(2, 6), data=st.data())
+def test_every_absent_rank_is_a_root_cause(world, data):
+    ranks = list(range(world))
+    late = data.draw(st.sets(st.sampled_from(ranks), min_size=1, max_size=world - 1))
+    dead = data.draw(st.sets(st.sampled_from(sorted(late))))
+    job = Job(world)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[r for r in ranks if r not in late], state="started")
+    with tempfile.TemporaryDirectory() as tmp:
+        report = _report(job, Path(tmp), skip=dead)
+    expected = sorted((r, "missing_dump" if r in dead else "not_entered") for r in late)
+    assert sorted((c["rank"], c["kind"]) for c in report["root_causes"]) == expected
+    assert report["victims"] == sorted(set(ranks) - late)
+    assert report["verdict"] == "hang"
