@@ -107,6 +107,7 @@ def find_causes(
     causes: list[Cause] = []
     notes: list[str] = []
 
+    graph = _without_skipped_p2p(graph, waits, notes)
     sccs = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1 or graph.has_edge(next(iter(c)), next(iter(c)))]
     sccs.sort()
     in_cycle = {r for c in sccs for r in c}
@@ -167,6 +168,29 @@ def find_causes(
     order = {k: i for i, k in enumerate(CAUSE_ORDER)}
     causes.sort(key=lambda c: (order.get(c.kind, 99), c.rank, c.group or "", c.seq or 0))
     return CauseResult(causes=causes, cycles=sccs, notes=notes)
+
+
+def _without_skipped_p2p(graph: nx.DiGraph, waits: dict[int, Wait], notes: list[str]) -> nx.DiGraph:
+    """Cut the waits of ranks that moved on to a collective without posting a p2p op a peer waits for.
+
+    Such a rank and its peer wait for each other (the peer in the p2p op, the rank in the collective
+    the peer never reaches), which looks like a cycle, but the order is not symmetric as in a real
+    deadlock: the rank skipped an op, so it is where the hang starts.
+    """
+    skippers: dict[int, list[int]] = defaultdict(list)
+    for u, r, data in graph.edges(data=True):
+        w = waits.get(r)
+        if data.get("kind") == "p2p" and w is not None and w.kind == "coll" and w.targets:
+            skippers[r].append(u)
+    if not skippers:
+        return graph
+    pruned = graph.copy()
+    for r, peers in sorted(skippers.items()):
+        pruned.remove_edges_from([(r, m) for m in list(pruned.successors(r))])
+        notes.append(f"rank {r} is in a collective ({waits[r].op}, group {waits[r].group}, seq {waits[r].seq}) "
+                     f"while rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, sorted(peers)))} wait for it "
+                     "to post a point-to-point op: it moved on without posting it")
+    return pruned
 
 
 def _instance_key(w: Wait) -> tuple[Any, ...]:

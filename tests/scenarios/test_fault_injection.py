@@ -1,0 +1,43 @@
+"""End to end: a real torchrun gloo job, a fault, FLIGHTREC=1 in the environment, `flightrec analyze` out.
+
+Each scenario runs under a hard time bound and the launcher kills every process of the job (stopped
+ones included) before the test ends.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.run import SCENARIOS, analyze, check, dumped_ranks, run_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario(name: str, tmp_path: Path) -> None:
+    scenario = SCENARIOS[name]
+    result = run_scenario(scenario, tmp_path / name)
+    assert not result.timed_out, f"{name} did not produce its dumps in time:\n{result.output[-3000:]}"
+    report = analyze(tmp_path / name)
+    problems = check(scenario, report, dumped_ranks(tmp_path / name))
+    assert not problems, f"{name}: {problems}\n{json.dumps(report, indent=1, default=str)[:4000]}"
+    for pid in result.worker_pids:  # nothing of the job survives it
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_cli_reports_the_compute_hang(tmp_path: Path) -> None:
+    scenario = SCENARIOS["compute_hang"]
+    run_scenario(scenario, tmp_path)
+    out = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path), "--format", "json"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(2, "not_entered")]
+    text = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
+    assert text.splitlines()[0].startswith("hang") and "stall_in_compute" in text
