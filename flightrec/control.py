@@ -13,7 +13,7 @@ from .entry import Entry
 from .patching import Patcher
 from .recorder import Recorder
 from .settings import Settings, SettingsError, load_settings
-from .signals import TermHandler
+from .signals import AbortHandler, TermHandler
 from .watchdog import Watchdog
 
 
@@ -25,6 +25,7 @@ class _Armed:
         self.recorder = Recorder(settings)
         self.patcher = Patcher(self.recorder)
         self.term = TermHandler(lambda reason: self.dump(reason, "terminated by signal"))
+        self.abort = AbortHandler(lambda reason: self.dump(reason, "the process aborted (SIGABRT)"))
         self.watchdog = Watchdog(self.recorder, settings, self.dump, self.term)
         self.dump_lock = threading.Lock()
         self.recorder.on_failure = self._on_failure
@@ -32,6 +33,8 @@ class _Armed:
     def start(self) -> None:
         self.patcher.install()
         self.term.install()
+        if threading.current_thread() is threading.main_thread():
+            self.abort.install()
         self.watchdog.start()
 
     def stop(self) -> None:
@@ -39,6 +42,7 @@ class _Armed:
         self.watchdog.stop()
         self.patcher.restore()
         self.term.uninstall()
+        self.abort.uninstall()
 
     def dump(self, reason: str, detail: str | None = None) -> bool:
         """Write this rank's dump; False (with a warning) when the folder cannot take it."""
@@ -76,6 +80,7 @@ def _after_fork_in_child() -> None:
         return
     armed.recorder.active = False  # children record nothing into a copy of our buffer
     armed.term.after_fork_in_child()
+    armed.abort.uninstall()
     _state = None
 
 

@@ -127,3 +127,54 @@ class TermHandler:
             return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class AbortHandler:
+    """Dump when the process aborts (gloo's `EnforceNotMet` on a size mismatch calls std::terminate).
+
+    abort() raises SIGABRT in the failing C++ thread and the process dies as soon as the handler
+    returns, so the handler is a C function (through ctypes) that writes the dump before returning.
+    A 10 s alarm with SIGALRM at its default bounds it: a dump that cannot finish (the abort came
+    from inside the allocator, say) still ends in the process's death, never in a hang.
+    """
+
+    def __init__(self, dump: Callable[[str], None]) -> None:
+        self._dump = dump
+        self._callback: Any = None
+        self._libc: Any = None
+        self._fired = False
+
+    def install(self) -> None:
+        import faulthandler
+
+        if faulthandler.is_enabled() or signal.getsignal(signal.SIGABRT) not in (signal.SIG_DFL, None):
+            return  # someone else handles aborts: leave them be
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
+            libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            libc.signal.restype = ctypes.c_void_p
+            callback = handler_type(self._on_abort)
+            libc.signal(signal.SIGABRT, ctypes.cast(callback, ctypes.c_void_p))
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once("sigabrt", f"no dump on abort: {exc!r}")
+            return
+        self._libc, self._callback = libc, callback
+
+    def uninstall(self) -> None:
+        if self._libc is not None:
+            self._libc.signal(signal.SIGABRT, _SIG_DFL_PTR)
+        self._libc = self._callback = None
+
+    def _on_abort(self, signum: int) -> None:
+        libc = self._libc
+        if libc is None or self._fired:
+            return
+        self._fired = True
+        try:
+            libc.signal(signal.SIGALRM, _SIG_DFL_PTR)
+            libc.alarm(10)
+            self._dump("abort")
+        except BaseException:  # noqa: BLE001 - dying anyway; say nothing
+            pass
+        libc.signal(signal.SIGABRT, _SIG_DFL_PTR)

@@ -169,3 +169,19 @@ time.sleep(60)
         assert proc.wait(timeout=20) == -signal.SIGTERM
     finally:
         proc.kill()
+
+
+def test_abort_dumps_then_dies_of_sigabrt(tmp_path: Path) -> None:
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+import flightrec, torch, torch.distributed as dist
+flightrec.enable(dir={str(tmp_path)!r})
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+os.abort()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGABRT, proc.stderr[-2000:]
+    dump = load_dump(tmp_path, 0)
+    assert dump["reason"] == "abort" and [e["op"] for e in entries(dump)] == ["all_reduce"]

@@ -41,3 +41,12 @@ def test_cli_reports_the_compute_hang(tmp_path: Path) -> None:
     text = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
     assert text.splitlines()[0].startswith("hang") and "stall_in_compute" in text
+
+
+def test_published_scenario_table_covers_every_scenario() -> None:
+    table = (ROOT / "docs" / "scenarios.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ") and "---" not in line}
+    assert set(SCENARIOS) <= set(rows), set(SCENARIOS) - set(rows)
+    for name, scenario in SCENARIOS.items():
+        assert rows[name].rstrip().endswith("| pass |"), rows[name]
+        assert f"| {scenario.injected} |" in rows[name], f"{name}: regenerate docs/scenarios.md"
