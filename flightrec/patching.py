@@ -164,6 +164,37 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
     return wrapper
 
 
+def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Work.wait: the moment a CPU op is known complete, on the thread that waited for it."""
+    by_work = rec.by_work
+
+    @functools.wraps(original)
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entry = by_work.get(id(self)) if by_work else None
+        if entry is None:
+            return original(self, *args, **kwargs)
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as exc:
+            try:
+                if entry.work is self:
+                    rec.mark_failed(entry, exc)
+                    if rec.on_failure is not None and isinstance(exc, Exception):
+                        rec.on_failure(entry, True)
+            except Exception as inner:  # noqa: BLE001
+                log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
+            raise
+        try:
+            if result is not False:  # wait(timeout) returns False when it timed out
+                rec.on_wait_returned(entry, self)
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once("wait", f"could not complete a waited op: {exc!r}")
+        return result
+
+    setattr(wait, WRAPPED_MARK, original)
+    return wait
+
+
 class Patcher:
     """Installs the wrappers and remembers every original so `restore` puts back exactly them."""
 
@@ -188,6 +219,10 @@ class Patcher:
         original_cm = getattr(c10d, "_coalescing_manager", None)
         if original_cm is not None and not hasattr(original_cm, WRAPPED_MARK):
             wrappers["_coalescing_manager"] = _coalescing_wrapper(self.rec, original_cm)
+        work_type = getattr(c10d, "Work", None)
+        if work_type is not None and not hasattr(work_type.wait, WRAPPED_MARK):
+            self.originals.append((work_type, "wait", work_type.wait))
+            work_type.wait = _wait_wrapper(self.rec, work_type.wait)
         for module in _MODULES:
             for name, wrapper in wrappers.items():
                 if hasattr(module, name):

@@ -56,7 +56,8 @@ class Recorder:
         self.ring: Ring[Entry] = Ring(settings.buffer)
         self.groups = GroupRegistry()
         self.pending: dict[int, Entry] = {}
-        self.polled: dict[int, Entry] = {}  # pending ops whose Work has no future: the watchdog polls them
+        self.polled: dict[int, Entry] = {}  # pending ops the watchdog polls (is_completed)
+        self.by_work: dict[int, Entry] = {}  # id(Work) -> entry, for the Work.wait wrapper
         self.tls = ThreadState()
         self.cpp_lock = threading.Lock()  # only around C++-op bookkeeping, held for microseconds
         self.active = True
@@ -180,24 +181,56 @@ class Recorder:
     def complete(self, entry: Entry, when: int | None = None) -> None:
         entry.t_complete_ns = when or _monotonic_ns()
         entry.state = "completed"
-        entry.work = None
-        self.pending.pop(entry.id, None)
+        self._release(entry)
 
     def mark_failed(self, entry: Entry, exc: BaseException) -> None:
         entry.t_complete_ns = _monotonic_ns()
         entry.state = "failed"
         entry.error = f"{type(exc).__name__}: {exc}"[:4000]
-        entry.work = None
+        self._release(entry)
+
+    def _release(self, entry: Entry) -> None:
+        work, entry.work = entry.work, None
+        if work is not None:
+            self.by_work.pop(id(work), None)
         self.pending.pop(entry.id, None)
+        self.polled.pop(entry.id, None)
 
     def watch_work(self, entry: Entry, work: Any) -> None:
-        """Complete `entry` when its Work does; the watchdog polls works without futures."""
+        """Complete `entry` when its Work does.
+
+        CPU ops: when the training code waits on the Work (`Work.wait` is wrapped), or when the
+        watchdog sees it completed, with no cross-thread callback: a future callback runs in the
+        backend's thread and fights the training thread for the GIL on every op. Device ops: the
+        future completes with the device work.
+        """
         entry.work = work
+        if entry.device == "cpu":
+            self.by_work[id(work)] = entry  # the entry holds the Work, so its id is not reused
+            self.polled[entry.id] = entry
+            return
         try:
             future = work.get_future()
             future.add_done_callback(partial(self._on_future_done, entry))
         except Exception:  # noqa: BLE001 - some backends have no futures: polled instead
             self.polled[entry.id] = entry
+
+    def on_wait_returned(self, entry: Entry, work: Any) -> None:
+        """The training code's `work.wait()` returned: the op is done (CPU backends)."""
+        if entry.work is not work:
+            return
+        if entry.kind == "p2p" and entry.peer < 0:
+            self._resolve_from_work(entry, work)
+        self.complete(entry)
+
+    def _resolve_from_work(self, entry: Entry, work: Any) -> None:
+        group = self._group_by_name(entry.group)
+        source = getattr(work, "_source_rank", None)
+        if group is not None and source is not None:
+            try:
+                self._resolve_any_source(entry, group, group.global_rank(int(source())))
+            except Exception:  # noqa: BLE001 - not a receive from any source after all
+                pass
 
     def _on_future_done(self, entry: Entry, future: Any) -> None:
         try:
@@ -210,10 +243,7 @@ class Recorder:
                     self.on_failure(entry, False)
                 return
             if entry.kind == "p2p" and entry.peer < 0 and work is not None:
-                group = self._group_by_name(entry.group)
-                source = getattr(work, "_source_rank", None)
-                if group is not None and source is not None:
-                    self._resolve_any_source(entry, group, group.global_rank(int(source())))
+                self._resolve_from_work(entry, work)
             self.complete(entry)
         except Exception as exc:  # noqa: BLE001
             log.warn_once("future-callback", f"completion callback failed: {exc!r}")
@@ -232,7 +262,8 @@ class Recorder:
                 self.mark_failed(entry, exc)
                 continue
             if done:
-                self.polled.pop(entry.id, None)
+                if entry.kind == "p2p" and entry.peer < 0:
+                    self._resolve_from_work(entry, work)
                 self.complete(entry)
 
     # ------------------------------------------------------------------ units (batches, coalescing)

@@ -98,6 +98,7 @@ import torch.distributed as dist, torch.distributed.distributed_c10d as c10d
 names = [n for n in dir(c10d) if callable(getattr(c10d, n))]
 before = {{(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in names if hasattr(m, n)}}
 handler, wakeup = signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
+work_wait = c10d.Work.wait
 import flightrec
 assert flightrec.enable(dir="/tmp/unused")
 assert dist.all_reduce is not before[("torch.distributed", "all_reduce")]
@@ -106,6 +107,7 @@ flightrec.disable()
 after = {{(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in names if hasattr(m, n)}}
 changed = [k for k in before if before[k] is not after[k]]
 assert not changed, changed
+assert c10d.Work.wait is work_wait
 assert signal.getsignal(signal.SIGTERM) is handler
 assert signal.set_wakeup_fd(-1) == -1
 import threading
