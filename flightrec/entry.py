@@ -95,34 +95,24 @@ def _reduce_op_name(op: Any) -> str | None:
     return text.rsplit(".", 1)[-1]
 
 
+_DERIVED = {
+    "reduce_op": lambda e: _reduce_op_name(e.reduce_op),
+    "in_shapes": lambda e: _shapes(e.inputs),
+    "in_dtypes": lambda e: _dtypes(e.inputs),
+    "out_shapes": lambda e: _shapes(e.outputs),
+    "out_dtypes": lambda e: _dtypes(e.outputs),
+    "site": lambda e: format_frame(e.site),
+    "stack": lambda e: None if e.stack is None else [format_frame(f) for f in e.stack],
+}
+
+
 def to_columns(entries: list[Entry]) -> dict[str, list[Any]]:
     """Column-oriented table of `entries` (see docs/dump-format.md)."""
-    columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
-    for e in entries:
-        columns["id"].append(e.id)
-        columns["group"].append(e.group)
-        columns["seq"].append(e.seq)
-        columns["pg_seq"].append(e.pg_seq)
-        columns["kind"].append(e.kind)
-        columns["op"].append(e.op)
-        columns["api"].append(e.api)
-        columns["peer"].append(e.peer)
-        columns["root"].append(e.root)
-        columns["reduce_op"].append(_reduce_op_name(e.reduce_op))
-        columns["in_shapes"].append(_shapes(e.inputs))
-        columns["in_dtypes"].append(_dtypes(e.inputs))
-        columns["out_shapes"].append(_shapes(e.outputs))
-        columns["out_dtypes"].append(_dtypes(e.outputs))
-        columns["is_async"].append(e.is_async)
-        columns["unit"].append(e.unit)
-        columns["state"].append(e.state)
-        columns["error"].append(e.error)
-        columns["t_enqueue_ns"].append(e.t_enqueue_ns)
-        columns["t_complete_ns"].append(e.t_complete_ns)
-        columns["t_dev_start_ns"].append(e.t_dev_start_ns)
-        columns["t_dev_end_ns"].append(e.t_dev_end_ns)
-        columns["thread"].append(e.thread)
-        columns["site"].append(format_frame(e.site))
-        columns["stack"].append(None if e.stack is None else [format_frame(f) for f in e.stack])
-        columns["source"].append(e.source)
+    columns: dict[str, list[Any]] = {}
+    for name in COLUMNS:
+        derive = _DERIVED.get(name)
+        if derive is None:
+            columns[name] = [getattr(e, name) for e in entries]
+        else:
+            columns[name] = [derive(e) for e in entries]
     return columns

@@ -29,6 +29,18 @@ _SETTLED = ("completed", "failed")  # entries nothing refers to any more: safe t
 _ASYNC_APIS = frozenset(("isend", "irecv", "batch_isend_irecv"))
 
 
+def _describe(value: Any, entry: Entry) -> tuple[tuple[Any, Any], ...]:
+    """Shapes and dtypes of a tensor argument (or list of them); notes a device that is not the CPU."""
+    if hasattr(value, "shape"):
+        if not value.is_cpu:
+            entry.device = value.device.type
+        return ((tuple(value.shape), value.dtype),)
+    tensors = as_tensors(value)
+    if tensors and not tensors[0].is_cpu:
+        entry.device = tensors[0].device.type
+    return tensor_meta(tensors)
+
+
 def _endpoint(global_rank: Any, group_rank: Any, group: GroupState, is_root: bool) -> int:
     """A peer or root as a global rank, whichever way the caller named it."""
     if global_rank is not None:
@@ -118,21 +130,9 @@ class Recorder:
                     entry.seq = counts[peer] = counts.get(peer, 0) + 1
             entry.pg_seq = seq_before + 1 if seq_before >= 0 else -1
             if inputs is not None:
-                if hasattr(inputs, "shape"):
-                    entry.inputs = ((tuple(inputs.shape), inputs.dtype),)
-                    if not inputs.is_cpu:
-                        entry.device = inputs.device.type
-                else:
-                    entry.inputs = tensor_meta(as_tensors(inputs))
+                entry.inputs = _describe(inputs, entry)
             if outputs is not None:
-                if outputs is inputs:
-                    entry.outputs = entry.inputs
-                elif hasattr(outputs, "shape"):
-                    entry.outputs = ((tuple(outputs.shape), outputs.dtype),)
-                    if not outputs.is_cpu:
-                        entry.device = outputs.device.type
-                else:
-                    entry.outputs = tensor_meta(as_tensors(outputs))
+                entry.outputs = entry.inputs if outputs is inputs else _describe(outputs, entry)
             entry.is_async = (always_async and api in _ASYNC_APIS) or bool(async_op)
             unit = tls.unit
             if unit is not None:
