@@ -15,10 +15,11 @@ import pandas as pd
 
 from . import groups as groups_mod
 from .causes import CauseResult, build_graph, find_causes
-from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA
+from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
 from .loader import Dataset, load_folder
 from .matching import MatchResult, match
 from .rankdump import RankDump
+from .stragglers import SlowResult, find_slow
 from .textutil import plural, ranges
 from .waits import R_NO_DUMP, R_UNREADABLE, WaitResult, find_waits
 
@@ -99,22 +100,31 @@ class Analysis:
     def _causes(self) -> CauseResult:
         return find_causes(self.graph, self._waits.waits, self._matched, self.dumps, self._absent_text, self.entries, self.groups)
 
+    @cached_property
+    def slow(self) -> SlowResult:
+        """Stragglers, slow links, per-collective lateness and clock offsets (timing analysis)."""
+        sizes = dict(zip(self.groups["group"].astype(str), self.groups["size"].astype(int), strict=True))
+        wall = {r: int(d.meta["wall_offset_ns"]) for r, d in self.dumps.items() if "wall_offset_ns" in d.meta}
+        return find_slow(self.entries, sizes, wall)
+
     @property
     def verdict(self) -> str:
-        """healthy, hang, desync or deadlock (see docs/report-format.md)."""
+        """healthy, slow, hang, desync or deadlock (see docs/report-format.md)."""
         if self._matched.mismatches:
             return DESYNC
         if self._causes.cycles:
             return DEADLOCK
         if self._waits.waits:
             return HANG
+        if self.slow.stragglers:
+            return SLOW
         return HEALTHY
 
     def gaps(self) -> list[str]:
         """Evidence gaps, each a plain sentence: what could not be read, inferred, or told."""
         out = list(self._notes)
         out += _wrap_notes(self.entries, self.dumps)
-        out += self._matched.notes + self._waits.notes + self._causes.notes
+        out += self._matched.notes + self._waits.notes + self._causes.notes + self.slow.notes
         if self.missing:
             out.append(f"no dump for rank(s) {ranges(self.missing)}")
         seen: set[str] = set()
@@ -142,6 +152,9 @@ class Analysis:
             "cycles": self._causes.cycles,
             "mismatches": [m.as_dict() for m in self._matched.mismatches],
             "gaps": self.gaps(),
+            "stragglers": self.slow.stragglers,
+            "slow_links": self.slow.slow_links,
+            "clock_offsets_ms": {str(r): v for r, v in sorted(self.slow.clock_offsets_ms.items())},
             "unreadable_files": [{"file": p.file, "rank": p.rank, "reason": p.reason} for p in self.problems],
             "groups": [
                 {"group": g, "desc": d, "backend": b, "ranks": list(r), "membership": how}
@@ -154,6 +167,10 @@ class Analysis:
         verdict = self.verdict
         causes = self._causes.causes
         n_wait = len([w for w in self._waits.waits.values() if w.targets])
+        if verdict == SLOW:
+            worst = self.slow.stragglers[0]
+            return (f"slow: rank {worst['rank']} is a straggler, {worst['late_ms_median']:.2f} ms late (median) "
+                    f"and last to arrive in {worst['votes']} of {worst['collectives']} collectives")
         if verdict == HEALTHY:
             return f"healthy: no rank is waiting ({plural(len(self.dumps), 'rank')} dumped)"
         if verdict == DEADLOCK and not self._matched.mismatches:

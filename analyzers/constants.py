@@ -10,10 +10,11 @@ REPORT_SCHEMA = "flightrec-analysis/1"
 
 # Verdicts, most severe first. A later issue adds "slow"; renderers must not assume this list is closed.
 HEALTHY = "healthy"
+SLOW = "slow"  # no hang, but a significant straggler
 HANG = "hang"
 DESYNC = "desync"
 DEADLOCK = "deadlock"
-VERDICTS = (DESYNC, DEADLOCK, HANG, HEALTHY)
+VERDICTS = (DESYNC, DEADLOCK, HANG, SLOW, HEALTHY)
 
 # Root-cause kinds.
 NOT_ENTERED = "not_entered"

@@ -51,6 +51,14 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
             lines.append(f"  group {m['group']} seq {m['seq']} {m['op']}: {m['field']} differs on rank(s) {ranges(m['ranks'])} ({vals})")
         if len(report["mismatches"]) > MAX_LIST:
             lines.append(f"  ... {len(report['mismatches']) - MAX_LIST} more (--format json lists all)")
+    if report.get("stragglers"):
+        lines += ["", "stragglers (most suspect first):"]
+        lines += [f"  rank {s['rank']}: {s['late_ms_median']:.2f} ms late (median), last in {s['votes']} of "
+                  f"{s['collectives']} collectives, score {s['score']:.1f}, groups {', '.join(s['groups']) or '-'}"
+                  for s in report["stragglers"]]
+    if report.get("slow_links"):
+        lines += ["", "slow links:"] + [f"  {k['src']} -> {k['dst']}: {k['transfer_ms_median']:.2f} ms "
+                                          f"({k['ratio']:.1f}x the other links)" for k in report["slow_links"]]
     if report["gaps"]:
         lines += ["", "evidence gaps:"] + [f"  - {g}" for g in report["gaps"]]
     return "\n".join(lines)
