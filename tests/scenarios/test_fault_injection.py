@@ -50,3 +50,10 @@ def test_published_scenario_table_covers_every_scenario() -> None:
     for name, scenario in SCENARIOS.items():
         assert rows[name].rstrip().endswith("| pass |"), rows[name]
         assert f"| {scenario.injected} |" in rows[name], f"{name}: regenerate docs/scenarios.md"
+
+
+def test_readme_demo_names_the_stalled_rank(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "flightrec", "demo", "--out", str(tmp_path / "demo")],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "hang: rank 2 not_entered" in out.stdout and "stall_in_compute" in out.stdout
