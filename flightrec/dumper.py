@@ -76,6 +76,7 @@ def _enrich_cpp_entries(entries: list[Entry], fr: dict[str, Any] | None) -> None
 def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[str, Any]:
     rank, world_size = process_rank()
     rec.poll_works()
+    rec.device_timing.resolve()
     rec.groups.discover()
     rec.scan_cpp_ops()
     entries = rec.entries()

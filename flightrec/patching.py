@@ -44,19 +44,26 @@ def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> 
         # A blocking call on a device backend returns before the device ran it: issue it async and
         # wait ourselves, so the Work (and its completion) is ours to follow.
         blocking_on_device = entry.device != "cpu" and not entry.is_async and "async_op" in spec.positions
+        on_device = entry.device != "cpu"
         if blocking_on_device:
             args, kwargs = _force_async(spec, args, kwargs)
+        if on_device:
+            rec.device_timing.before(entry)
         tls.in_leaf = True
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
             tls.in_leaf = False
             try:
+                if on_device:
+                    rec.device_timing.after(entry)
                 rec.fail(ctx[0], ctx[1], exc)
             except Exception as inner:  # noqa: BLE001
                 log.warn_once("fail", f"could not record a failure: {inner!r}")
             raise
         tls.in_leaf = False
+        if on_device:
+            rec.device_timing.after(entry)
         try:
             finish(entry, ctx[1], result)
         except Exception as exc:  # noqa: BLE001

@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed.distributed_c10d as c10d
 
 from . import log
+from .device_timing import DeviceTiming
 from .entry import Entry, tensor_meta
 from .groups import GroupRegistry, GroupState
 from .ops import OpSpec, as_tensors
@@ -74,6 +75,7 @@ class Recorder:
         self.cpp_lock = threading.Lock()  # only around C++-op bookkeeping, held for microseconds
         self.active = True
         self.cpp_open: list[Entry] = []  # C++ ops whose completion is not known yet
+        self.device_timing = DeviceTiming()  # used only by ops on a device (NCCL, HCCL)
         self.on_failure: Callable[[Entry, bool], None] | None = None  # set by the watchdog owner
 
     # ------------------------------------------------------------------ hot path

@@ -111,6 +111,7 @@ class Watchdog:
         rec = self.rec
         now = time.monotonic()
         rec.poll_works()
+        rec.device_timing.resolve()
         if now >= self._next_discover:
             self._next_discover = now + _DISCOVER_EVERY_S
             rec.groups.discover()

@@ -1,0 +1,139 @@
+"""Device-event timing for NCCL/HCCL ops, checked with a fake device clock (no GPU in CI).
+
+The fake events run on a device clock that the test advances: an event recorded at device time t
+has happened once the clock passes t, exactly as `query()` on a real stream behaves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flightrec.device_timing import DeviceTiming
+from flightrec.entry import Entry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeDevice:
+    def __init__(self) -> None:
+        self.now_ms = 0.0  # how far the device has executed
+        self.queue_ms = 0.0  # device time at which the next recorded event will happen
+        self.created = 0
+
+    def event(self, device: str) -> FakeEvent:
+        self.created += 1
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    def __init__(self, dev: FakeDevice) -> None:
+        self.dev = dev
+        self.at_ms: float | None = None
+
+    def record(self) -> None:
+        self.at_ms = self.dev.queue_ms
+
+    def query(self) -> bool:
+        return self.at_ms is not None and self.dev.now_ms >= self.at_ms
+
+    def synchronize(self) -> None:
+        self.dev.now_ms = max(self.dev.now_ms, self.at_ms or 0.0)
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.at_ms is not None and end.at_ms is not None
+        return end.at_ms - self.at_ms
+
+
+def _device_entry(record_id: int) -> Entry:
+    entry = Entry(record_id, "0", "coll", "all_reduce", "all_reduce")
+    entry.device = "cuda"
+    return entry
+
+
+def test_times_resolve_lazily_and_map_to_the_host_clock() -> None:
+    dev = FakeDevice()
+    timing = DeviceTiming(factory=dev.event, clock=lambda: 1_000_000_000)
+    first = _device_entry(0)  # the first device op also places the anchor (host time known)
+    timing.before(first)
+    timing.after(first)
+    timing.resolve()
+    assert first.t_dev_start_ns == first.t_dev_end_ns == 1_000_000_000
+    entry = _device_entry(1)
+    dev.queue_ms = 5.0  # the device is busy: this op starts 5 ms after the anchor
+    timing.before(entry)
+    dev.queue_ms = 12.0  # and ends 7 ms later
+    timing.after(entry)
+    dev.now_ms = 10.0
+    assert timing.resolve() == 0 and entry.t_dev_end_ns is None  # not run yet: no blocking, no guess
+    dev.now_ms = 12.0
+    assert timing.resolve() == 1
+    assert entry.t_dev_start_ns == 1_000_000_000 + 5_000_000
+    assert entry.t_dev_end_ns == 1_000_000_000 + 12_000_000
+    assert timing.pending == 0
+
+
+def test_events_come_from_a_pool() -> None:
+    dev = FakeDevice()
+    timing = DeviceTiming(factory=dev.event, clock=lambda: 0)
+    for i in range(50):
+        entry = _device_entry(i)
+        timing.before(entry)
+        timing.after(entry)
+        dev.now_ms = dev.queue_ms
+        timing.resolve()
+    assert dev.created <= 3  # the anchor and one start/end pair, reused
+
+
+def test_no_device_events_means_host_times_only() -> None:
+    def broken(device: str) -> FakeEvent:
+        raise RuntimeError("no such device")
+
+    timing = DeviceTiming(factory=broken)
+    entry = _device_entry(0)
+    timing.before(entry)
+    timing.after(entry)
+    assert timing.disabled and timing.pending == 0 and entry.t_dev_start_ns is None
+
+
+def test_the_wrapper_brackets_device_ops_only() -> None:
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+sys.path.insert(0, {str(ROOT / 'tests' / 'recorder')!r})
+import torch, torch.distributed as dist, flightrec, flightrec.control as control
+from flightrec.device_timing import DeviceTiming
+from flightrec.ops import SPEC_BY_API
+from flightrec.patching import _leaf_wrapper
+from test_device_timing import FakeDevice
+flightrec.enable(dir="/tmp/unused-flightrec")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+rec = control.current().recorder
+dev = FakeDevice()
+rec.device_timing = DeviceTiming(factory=dev.event)
+
+class FakeCudaTensor:
+    shape, dtype, is_cpu = (4,), torch.float32, False
+    class device:
+        type = "cuda"
+
+calls = []
+def fake_all_reduce(tensor, op=None, group=None, async_op=False):
+    calls.append(async_op)
+    return None
+
+spec = SPEC_BY_API["all_reduce"].bind_positions(dist.all_reduce.__flightrec_wrapped__)
+wrapped = _leaf_wrapper(rec, spec, fake_all_reduce)
+wrapped(FakeCudaTensor())
+dist.all_reduce(torch.ones(2))
+dev.now_ms = 1.0
+rec.device_timing.resolve()
+device_entry, cpu_entry = rec.entries()
+print(calls, device_entry.device, device_entry.t_dev_end_ns is not None, cpu_entry.t_dev_start_ns)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
+    # the blocking device call was issued async (so its Work can be followed) and bracketed by events
+    assert out.stdout.split() == ["[True]", "cuda", "True", "None"], out.stderr[-2000:]
