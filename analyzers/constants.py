@@ -8,7 +8,7 @@ from __future__ import annotations
 
 REPORT_SCHEMA = "flightrec-analysis/1"
 
-# Verdicts, most severe first. A later issue adds "slow"; renderers must not assume this list is closed.
+# Verdicts, most severe first; renderers must not assume this list is closed.
 HEALTHY = "healthy"
 SLOW = "slow"  # no hang, but a significant straggler
 HANG = "hang"

@@ -11,6 +11,7 @@ from typing import Any
 from .columns import dtype_text, finish_columns, text_column
 from .constants import FMT_FLIGHTREC, SUPPORTED_FLIGHTREC_SCHEMA, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
+from .read_torch_fr import parse_pg_status
 
 FORMAT_TAG = "flightrec-dump"
 REQUIRED_COLUMNS = ("id", "group", "seq", "kind", "op", "state")
@@ -84,7 +85,7 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
         groups=groups,
         threads=threads,
         meta=meta,
-        pg_status=_int_status(pg_status),
+        pg_status=parse_pg_status(pg_status),
     )
 
 
@@ -111,24 +112,6 @@ def _group(g: dict[str, Any]) -> GroupInfo:
     ranks = g.get("ranks")
     members = tuple(int(r) for r in ranks) if isinstance(ranks, list) and ranks else None
     return GroupInfo(name=str(g["name"]), desc=str(g.get("desc") or ""), backend=str(g.get("backend") or ""), ranks=members)
-
-
-def _int_status(status: Any) -> dict[str, dict[str, int]] | None:
-    if not isinstance(status, dict):
-        return None
-    out: dict[str, dict[str, int]] = {}
-    for pg, fields in status.items():
-        if isinstance(fields, dict):
-            out[str(pg)] = {k: int(v) for k, v in fields.items() if _is_int(v)}
-    return out
-
-
-def _is_int(v: Any) -> bool:
-    try:
-        int(v)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 __all__ = ["is_flightrec", "parse"]

@@ -55,7 +55,7 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
     if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
         raise DumpError("`entries` is not a list of records")
     groups = _pg_config_groups(obj.get("pg_config"))
-    pg_status = _pg_status(obj.get("pg_status"))
+    pg_status = parse_pg_status(obj.get("pg_status"))
     notes: list[str] = []
     meta: dict[str, Any] = {"version": f"torch-fr {version}", "comm_lib_version": obj.get("comm_lib_version")}
     if not raw:
@@ -254,7 +254,8 @@ def _parse_ranks(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def _pg_status(status: Any) -> dict[str, dict[str, int]] | None:
+def parse_pg_status(status: Any) -> dict[str, dict[str, int]] | None:
+    """`pg_status` with its counters as ints (JSON dumps give strings, pickles ints); None if absent."""
     if not isinstance(status, dict):
         return None
     out: dict[str, dict[str, int]] = {}

@@ -69,7 +69,6 @@ class DeviceTiming:
             self._anchor(device)
             start = self._event(device)
             start.record()
-            entry.t_dev_start_ns = None
             self._open[entry.id] = (entry, device, start, start)
         except Exception as exc:  # noqa: BLE001 - no device events here: host times only
             self.disabled = True

@@ -43,8 +43,8 @@ def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> 
         entry = ctx[0]
         # A blocking call on a device backend returns before the device ran it: issue it async and
         # wait ourselves, so the Work (and its completion) is ours to follow.
-        blocking_on_device = entry.device != "cpu" and not entry.is_async and "async_op" in spec.positions
         on_device = entry.device != "cpu"
+        blocking_on_device = on_device and not entry.is_async and "async_op" in spec.positions
         if blocking_on_device:
             args, kwargs = _force_async(spec, args, kwargs)
         if on_device:
@@ -185,9 +185,7 @@ def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., 
         except BaseException as exc:
             try:
                 if entry.work is self:
-                    rec.mark_failed(entry, exc)
-                    if rec.on_failure is not None and isinstance(exc, Exception):
-                        rec.on_failure(entry, True)
+                    rec.report_failure(entry, exc)
             except Exception as inner:  # noqa: BLE001
                 log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
             raise

@@ -175,6 +175,10 @@ class Recorder:
 
     def fail(self, entry: Entry, group: GroupState, exc: BaseException) -> None:
         self._settle_seq(entry, group)
+        self.report_failure(entry, exc)
+
+    def report_failure(self, entry: Entry, exc: BaseException) -> None:
+        """An op raised in the calling thread: record it and have the dump written before it unwinds."""
         self.mark_failed(entry, exc)
         if self.on_failure is not None and isinstance(exc, Exception):
             self.on_failure(entry, True)
@@ -219,8 +223,11 @@ class Recorder:
 
     def on_wait_returned(self, entry: Entry, work: Any) -> None:
         """The training code's `work.wait()` returned: the op is done (CPU backends)."""
-        if entry.work is not work:
-            return
+        if entry.work is work:
+            self._work_done(entry, work)
+
+    def _work_done(self, entry: Entry, work: Any) -> None:
+        """A Work finished: learn the sender of a receive from any source, then complete."""
         if entry.kind == "p2p" and entry.peer < 0:
             self._resolve_from_work(entry, work)
         self.complete(entry)
@@ -244,9 +251,10 @@ class Recorder:
                 if self.on_failure is not None:
                     self.on_failure(entry, False)
                 return
-            if entry.kind == "p2p" and entry.peer < 0 and work is not None:
-                self._resolve_from_work(entry, work)
-            self.complete(entry)
+            if work is None:
+                self.complete(entry)
+            else:
+                self._work_done(entry, work)
         except Exception as exc:  # noqa: BLE001
             log.warn_once("future-callback", f"completion callback failed: {exc!r}")
 
@@ -264,9 +272,7 @@ class Recorder:
                 self.mark_failed(entry, exc)
                 continue
             if done:
-                if entry.kind == "p2p" and entry.peer < 0:
-                    self._resolve_from_work(entry, work)
-                self.complete(entry)
+                self._work_done(entry, work)
 
     # ------------------------------------------------------------------ units (batches, coalescing)
     def start_unit(self) -> list[Entry] | None:

@@ -20,6 +20,14 @@ from . import log
 _SIG_DFL_PTR = 0
 
 
+def _libc() -> Any:
+    """libc with `signal()` typed, to set C-level handlers from any thread (Python's needs the main one)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal.restype = ctypes.c_void_p
+    return libc
+
+
 class TermHandler:
     def __init__(self, dump: Callable[[str], None]) -> None:
         self._dump = dump
@@ -110,10 +118,7 @@ class TermHandler:
         self.dump_once()
         if self._previous in (signal.SIG_DFL,):
             try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-                libc.signal.restype = ctypes.c_void_p
-                libc.signal(signal.SIGTERM, _SIG_DFL_PTR)
+                _libc().signal(signal.SIGTERM, _SIG_DFL_PTR)
             except Exception:  # noqa: BLE001
                 pass
             os.kill(os.getpid(), signal.SIGTERM)
@@ -150,11 +155,8 @@ class AbortHandler:
         if faulthandler.is_enabled() or signal.getsignal(signal.SIGABRT) not in (signal.SIG_DFL, None):
             return  # someone else handles aborts: leave them be
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
-            libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-            libc.signal.restype = ctypes.c_void_p
-            callback = handler_type(self._on_abort)
+            libc = _libc()
+            callback = ctypes.CFUNCTYPE(None, ctypes.c_int)(self._on_abort)
             libc.signal(signal.SIGABRT, ctypes.cast(callback, ctypes.c_void_p))
         except Exception as exc:  # noqa: BLE001
             log.warn_once("sigabrt", f"no dump on abort: {exc!r}")
