@@ -85,6 +85,7 @@ def _after_fork_in_child() -> None:
 
 
 def _at_exit() -> None:
+    """Dump if asked, then quiesce: past atexit no thread of ours may run Python or C++ calls."""
     armed = _state
     if armed is None:
         return
@@ -92,7 +93,8 @@ def _at_exit() -> None:
         if armed.settings.dump_on_exit:
             armed.dump("exit", "normal interpreter exit")
         armed.recorder.active = False
-        armed.watchdog.stop(timeout=1.0)
+        armed.watchdog.stop()
+        armed.abort.uninstall()  # an abort in C++ teardown must not call into a finalising interpreter
     except Exception:  # noqa: BLE001 - shutting down: say nothing
         pass
 

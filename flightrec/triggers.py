@@ -20,6 +20,10 @@ from . import log
 REQUEST_KEY = "flightrec/dump-request"
 REQUEST_FILE = ".flightrec-dump-request"
 _RETRY_CONNECT_S = 30.0
+STORE_TIMEOUT_S = 2.0
+# a connect to a dead host takes up to 2.5 timeouts (c10d retries once after a random delay),
+# then one call may take a timeout more
+LONGEST_STORE_CALL_S = 3.5 * STORE_TIMEOUT_S
 
 
 def _underlying_store(store: Any) -> Any:
@@ -31,10 +35,10 @@ def _underlying_store(store: Any) -> Any:
 class StoreTrigger:
     """A counter in the store: each increment is one job-wide dump request."""
 
-    def __init__(self, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, timeout_s: float = STORE_TIMEOUT_S) -> None:
         self._store: Any = None
         self._next_connect = 0.0
-        self._timeout = timedelta(seconds=connect_timeout_s)
+        self._timeout = timedelta(seconds=timeout_s)
         self.seen = -1
 
     def _connect(self) -> Any:

@@ -19,7 +19,7 @@ from .entry import Entry, format_frame
 from .recorder import Recorder
 from .settings import Settings
 from .signals import TermHandler
-from .triggers import FileTrigger, StoreTrigger
+from .triggers import LONGEST_STORE_CALL_S, FileTrigger, StoreTrigger
 
 _DISCOVER_EVERY_S = 0.5
 _FR_STATUS_EVERY_S = 1.0
@@ -56,7 +56,9 @@ class Watchdog:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = LONGEST_STORE_CALL_S + 1.0) -> None:
+        """Wait out the tick in progress: a daemon thread still inside a C++ call when the
+        interpreter finalises dies through std::terminate and takes the process with it."""
         self._stop.set()
         self.wake()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -123,6 +125,8 @@ class Watchdog:
         reason = self.files.poll()
         if reason is not None:
             self._dump("manual" if reason == "manual" else reason, "dump requested through the dump folder")
+        if self._stop.is_set():
+            return  # no new store call once stopping: it could outlast the join
         request = self.store.poll()
         if request is not None:
             self._dump("peer_request", request[1])
@@ -174,7 +178,7 @@ class Watchdog:
 
     def _ask_peers(self, reason: str) -> None:
         now = time.monotonic()
-        if now - self._last_peer_request < _PEER_REQUEST_EVERY_S:
+        if self._stop.is_set() or now - self._last_peer_request < _PEER_REQUEST_EVERY_S:
             return
         self._last_peer_request = now
         self.store.request(reason)

@@ -185,3 +185,9 @@ os.abort()
     assert proc.returncode == -signal.SIGABRT, proc.stderr[-2000:]
     dump = load_dump(tmp_path, 0)
     assert dump["reason"] == "abort" and [e["op"] for e in entries(dump)] == ["all_reduce"]
+
+
+def test_exit_waits_for_a_watchdog_blocked_in_the_store(tmp_path: Path) -> None:
+    codes = run_ranks(workers.exit_while_store_call_in_flight, 2, str(tmp_path), timeout_s=60)
+    assert codes == [0, 0], "exit code 5: the watchdog thread outlived the exit hook"
+    assert load_dump(tmp_path, 1)["reason"] == "exit"

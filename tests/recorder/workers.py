@@ -144,3 +144,34 @@ def with_stacks(rank: int, world_size: int, port: int, out: str) -> None:
 
 def _nested_call() -> None:
     dist.all_reduce(torch.ones(2))
+
+
+def exit_while_store_call_in_flight(rank: int, world_size: int, port: int, out: str) -> None:
+    """Rank 0 (the store host) leaves; rank 1 exits while its watchdog is reconnecting to that store.
+
+    A daemon thread that comes back from a C++ call while the interpreter finalises dies through
+    std::terminate (Python ends it with pthread_exit), so our exit hook must outwait that call.
+    Exit code 5: the watchdog thread outlived the exit hook.
+    """
+    from flightrec import control
+
+    os.environ["FLIGHTREC_DUMP_ON_EXIT"] = "1"
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    dist.all_reduce(torch.ones(3))
+    dist.barrier()
+    if rank == 0:
+        os._exit(0)
+    time.sleep(0.5)  # rank 0 and its store are gone
+    watchdog = control.current().watchdog
+    watchdog.store._store = None
+    watchdog.store._next_connect = 0.0
+    watchdog.wake()
+    time.sleep(0.3)  # the watchdog is now inside TCPStore() retrying the dead port
+    task = f"/proc/self/task/{watchdog._thread.native_id}"  # the OS's view: is the thread still there?
+    assert os.path.exists(task)
+    control._at_exit()
+    gone_by = time.monotonic() + 0.5  # a joined thread's task lingers a moment
+    while os.path.exists(task) and time.monotonic() < gone_by:
+        time.sleep(0.01)
+    os._exit(5 if os.path.exists(task) else 0)
