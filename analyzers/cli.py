@@ -29,8 +29,9 @@ def _fail(message: str) -> None:
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Report format.")
 @click.option("--dot", "dot", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the wait-for graph (Graphviz DOT) to FILE.")
+@click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write a self-contained HTML postmortem (verdict, root causes, plots) to FILE.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes (default: chosen from the folder size).")
-def analyze_command(folder: Path, fmt: str, dot: Path | None, workers: int | None) -> None:
+def analyze_command(folder: Path, fmt: str, dot: Path | None, workers: int | None, html: Path | None = None) -> None:
     """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER."""
     from .analysis import load
     from .render import text_report, to_dot
@@ -45,6 +46,10 @@ def analyze_command(folder: Path, fmt: str, dot: Path | None, workers: int | Non
     report = analysis.report()
     if dot is not None:
         dot.write_text(to_dot(analysis.graph, report))
+    if html is not None:
+        from .html_report import render_html
+
+        html.write_text(render_html(analysis), encoding="utf-8")
     if fmt == "json":
         click.echo(json.dumps(report, indent=2, default=str))
     else:
@@ -76,6 +81,26 @@ def show_command(folder: Path, rank: int, group: str | None) -> None:
     _fail(f"rank {rank}: no readable dump in {folder}" + (f" ({'; '.join(problems)})" if problems else ""))
 
 
+@click.command("export")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Parquet file for the entries; the groups go to OUT's name with .groups.parquet.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes (default: chosen from the folder size).")
+def export_command(folder: Path, out: Path, workers: int | None) -> None:
+    """Write every rank's entries, with the analyzer's derived columns, and the group table as Parquet."""
+    from .analysis import load
+    from .export import export
+
+    try:
+        analysis = load(folder, workers=workers)
+    except UnusableInput as exc:
+        _fail(str(exc))
+        return
+    for problem in analysis.problems:
+        click.echo(f"flightrec: skipped {problem.line()}", err=True)
+    done = export(analysis, out)
+    click.echo(f"wrote {done.entries} entries to {done.entries_path} and {done.groups} groups to {done.groups_path}")
+
+
 @click.group("flightrec-analyzers")
 def main() -> None:
     """Offline analysis of flightrec and PyTorch flight-recorder dumps."""
@@ -83,3 +108,4 @@ def main() -> None:
 
 main.add_command(analyze_command)
 main.add_command(show_command)
+main.add_command(export_command)

@@ -33,7 +33,7 @@ class _LazyGroup(click.Group):
 
         if importlib.util.find_spec("analyzers") is None:
             return []
-        return ["analyze", "show"]
+        return ["analyze", "export", "show"]
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,151 @@
+"""`flightrec analyze DIR --html FILE`: one self-contained HTML page of the postmortem.
+
+Why one file with everything inlined (CSS, plots as base64 PNG): it is attached to tickets and
+opened from mail or a laptop's disk, where nothing next to it exists and nothing may be fetched.
+The page is a view of the JSON report (docs/report-format.md) plus the plots of `plots.py`; without
+matplotlib the page is still written, with a note where the plots would be.
+"""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+from typing import Any
+
+from . import postmortem as pm
+from .analysis import Analysis
+from .textutil import ranges
+
+VERDICT_COLORS = {"healthy": "#2ca02c", "slow": "#e6a100", "hang": "#d62728", "desync": "#9467bd", "deadlock": "#8c1c13"}
+
+CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #222; line-height: 1.4; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; }
+h2 { font-size: 1.15em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 1.6em; }
+.verdict { display: inline-block; color: white; font-weight: bold; padding: 0.15em 0.6em; border-radius: 4px;
+           text-transform: uppercase; letter-spacing: 0.05em; margin-right: 0.5em; }
+.summary { font-size: 1.1em; }
+.muted { color: #666; font-size: 0.9em; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+.cause { border-left: 4px solid #d62728; padding: 0.3em 0.8em; margin: 0.8em 0; background: #fdf3f3; }
+.cause .head { font-weight: bold; }
+pre { background: #f6f6f6; padding: 0.5em; overflow-x: auto; font-size: 0.85em; margin: 0.3em 0; }
+img { max-width: 100%; height: auto; display: block; margin: 0.5em 0; }
+ul.gaps li { margin: 0.2em 0; }
+"""
+
+
+def render_html(a: Analysis) -> str:
+    """The whole page as a string."""
+    rep = a.report()
+    verdict = rep["verdict"]
+    color = VERDICT_COLORS.get(verdict, "#d62728")
+    r = rep["ranks"]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>flightrec: {escape(rep['summary'])}</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>flightrec postmortem</h1>",
+        f'<p class="muted">{escape(str(rep["folder"]))}</p>',
+        f'<p class="summary"><span class="verdict" style="background:{color}">{escape(verdict)}</span>'
+        f"{escape(rep['summary'])}</p>",
+        f'<p class="muted">{r["expected"]} ranks expected, {len(r["dumped"])} dumped'
+        + (f", missing {escape(ranges(r['missing']))}" if r["missing"] else "")
+        + (f", unreadable {escape(ranges(r['unreadable']))}" if r["unreadable"] else "")
+        + "</p>",
+    ]
+    parts += _causes(rep)
+    parts += _plots(a)
+    parts += _waits(rep)
+    parts += _stragglers(rep)
+    parts += _mismatches(rep)
+    if rep["gaps"]:
+        parts += ["<h2>Evidence gaps</h2>", '<ul class="gaps">'] + [f"<li>{escape(g)}</li>" for g in rep["gaps"]] + ["</ul>"]
+    parts += ["<h2>Dumps</h2>", _table(pm.ranks(a)[["rank", "role", "status", "blocking_op", "file", "format", "host",
+                                                      "reason", "entries"]].to_dict("records"))]
+    parts.append('<p class="muted">written by flightrec analyze --html</p></body></html>')
+    return "\n".join(parts)
+
+
+def _causes(rep: dict[str, Any]) -> list[str]:
+    out = ["<h2>Root causes</h2>"]
+    if not rep["root_causes"]:
+        return out + ["<p>None: no rank is blocked by another.</p>"]
+    for c in rep["root_causes"]:
+        group = f"group {c['group']}" + (f" ({c['group_desc']})" if c.get("group_desc") else "")
+        out.append('<div class="cause">')
+        out.append(f'<div class="head">rank {c["rank"]} &mdash; {escape(c["kind"])} &mdash; {escape(str(c["op"]))} '
+                   f"in {escape(group)}, seq {c['seq']}</div>")
+        out.append(f"<div>{escape(c['detail'])}</div>")
+        if c.get("site"):
+            out.append(f"<div>call site: <code>{escape(c['site'])}</code></div>")
+        if c.get("stack"):
+            out.append("<div>stack (innermost last):</div><pre>" + escape("\n".join(c["stack"])) + "</pre>")
+        elif c["kind"] == "not_entered":
+            out.append('<div class="muted">stack: not in the dump</div>')
+        if c.get("victims"):
+            out.append(f"<div>victims: {escape(ranges(c['victims']))}</div>")
+        out.append("</div>")
+    return out
+
+
+def _plots(a: Analysis) -> list[str]:
+    out = ["<h2>Plots</h2>"]
+    try:
+        from . import plots
+
+        figures = plots.all_figures(a)
+    except ImportError as exc:
+        return out + [f'<p class="muted">{escape(str(exc))}</p>']
+    for title, fig in figures.items():
+        data = base64.b64encode(plots.to_png(fig)).decode("ascii")
+        out.append(f"<h3>{escape(title)}</h3>")
+        out.append(f'<img alt="{escape(title)}" src="data:image/png;base64,{data}">')
+    return out
+
+
+def _waits(rep: dict[str, Any]) -> list[str]:
+    if not rep["waits"]:
+        return []
+    rows = [{"rank": w["rank"], "blocked in": f"{w['op']} (group {w['group']}, seq {w['seq']})",
+             "waits for": ranges(w["waits_for"]) or "-",
+             "why": ", ".join(f"{k}: {v}" for k, v in w["reasons"].items()) or "-",
+             "state": w["state"], "evidence": w["evidence"]} for w in rep["waits"]]
+    return ["<h2>Waits</h2>", _table(rows)]
+
+
+def _stragglers(rep: dict[str, Any]) -> list[str]:
+    out = []
+    if rep.get("stragglers"):
+        out += ["<h2>Stragglers</h2>", _table(rep["stragglers"])]
+    if rep.get("slow_links"):
+        out += ["<h2>Slow links</h2>", _table(rep["slow_links"])]
+    return out
+
+
+def _mismatches(rep: dict[str, Any]) -> list[str]:
+    if not rep["mismatches"]:
+        return []
+    rows = [{"group": m["group"], "seq": m["seq"], "op": m["op"], "field": m["field"], "culprits": ranges(m["ranks"]),
+             "values": "; ".join(f"{v} on {ranges(rs)}" for v, rs in m["values"].items())} for m in rep["mismatches"][:100]]
+    return ["<h2>Mismatches</h2>", _table(rows)]
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    head = "".join(f"<th>{escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(v))}</td>" for v in row.values()) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
