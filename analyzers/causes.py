@@ -175,13 +175,18 @@ def _without_skipped_p2p(graph: nx.DiGraph, waits: dict[int, Wait], notes: list[
 
     Such a rank and its peer wait for each other (the peer in the p2p op, the rank in the collective
     the peer never reaches), which looks like a cycle, but the order is not symmetric as in a real
-    deadlock: the rank skipped an op, so it is where the hang starts.
+    deadlock: the rank skipped an op, so it is where the hang starts. A rank whose collective waits on
+    nobody in the peer's cycle is simply blocked before its send (a pipeline cascade): left alone.
     """
     skippers: dict[int, list[int]] = defaultdict(list)
+    component: dict[int, int] | None = None
     for u, r, data in graph.edges(data=True):
         w = waits.get(r)
         if data.get("kind") == "p2p" and w is not None and w.kind == "coll" and w.targets:
-            skippers[r].append(u)
+            if component is None:
+                component = {n: i for i, c in enumerate(nx.strongly_connected_components(graph)) for n in c}
+            if component[u] == component[r]:  # else r is blocked in an earlier collective, not skipping
+                skippers[r].append(u)
     if not skippers:
         return graph
     pruned = graph.copy()
