@@ -10,6 +10,7 @@ drawing guesses.
 
 from __future__ import annotations
 
+import collections
 import io
 import textwrap
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,10 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
 
 
 def _note(ax: Axes, text: str) -> None:
+    """Nothing to draw: a short figure that says why."""
+    fig = ax.get_figure()
+    fig.set_size_inches(fig.get_size_inches()[0], 1.4)
+    ax.set_frame_on(False)
     ax.text(0.5, 0.5, textwrap.fill(text, 70), ha="center", va="center", transform=ax.transAxes, color="#555555")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -165,11 +170,11 @@ def lateness_heatmap(a: Analysis, width: float = 11.0) -> Figure:
     data = np.ma.masked_invalid(grid.to_numpy(dtype=float))
     import matplotlib as mpl
 
-    cmap = mpl.colormaps["magma_r"].copy()
-    cmap.set_bad("#eeeeee")
+    cmap = mpl.colormaps["magma_r"].with_extremes(bad="#eeeeee")
     image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0)
     fig.colorbar(image, ax=ax, label="ms late", shrink=0.9)
     _label_ranks(ax, ranks, a, {s["rank"]: " straggler" for s in a.report()["stragglers"]})
+    ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("rank")
     ax.set_xlabel(f"collective (in the order first entered; {grid.shape[1]} with timing from every member)")
     return fig
@@ -191,7 +196,7 @@ def wait_graph(a: Analysis, width: float = 9.0) -> Figure:
     graph = a.graph
     rep = a.report()
     roles = pm.rank_roles(a)
-    fig = _figure(width, 4.8 if graph.number_of_nodes() <= 16 else 7.5)
+    fig = _figure(width, 4.0)
     ax = fig.add_subplot()
     ax.set_title(textwrap.shorten(rep["summary"], 110), fontsize=10, loc="left")
     ax.set_axis_off()
@@ -199,21 +204,24 @@ def wait_graph(a: Analysis, width: float = 9.0) -> Figure:
         _note(ax, f"no rank is waiting for another ({graph.number_of_nodes()} ranks)")
         return fig
     roots = {r for c in rep["root_causes"] for r in c["ranks"]}
-    pos = _layered_layout(graph, roots)
+    pos = _layered_layout(graph)
+    tallest = max(collections.Counter(float(p[0]) for p in pos.values()).values())
+    fig.set_size_inches(width, min(max(2.6, 0.55 * tallest + 1.2), 14))
     color = [ROLE_COLORS.get(roles.get(n, "missing" if not graph.nodes[n].get("dumped") else "idle"), "#e0e0e0")
              for n in graph.nodes]
     edge_c = ["#555555" if n in roots or graph.nodes[n].get("dumped") else "#888888" for n in graph.nodes]
     in_cycle = {(u, v) for cyc in rep["cycles"] for u in cyc for v in cyc if graph.has_edge(u, v)}
     edges = list(graph.edges)
-    nx.draw_networkx_edges(graph, pos, ax=ax, edgelist=edges, arrows=True, arrowsize=14, node_size=900,
+    nx.draw_networkx_edges(graph, pos, ax=ax, edgelist=edges, arrows=True, arrowsize=14, node_size=1100,
                            edge_color=["#d62728" if e in in_cycle else "#777777" for e in edges],
                            width=[2.2 if e in in_cycle else 1.0 for e in edges], connectionstyle="arc3,rad=0.08")
-    nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=color, edgecolors=edge_c, node_size=900,
+    nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=color, edgecolors=edge_c, node_size=1100,
                            linewidths=[2.5 if n in roots else 1.0 for n in graph.nodes])
+    ax.margins(0.12)
     few = graph.number_of_nodes() <= MAX_LABELLED_RANKS
     if few:
         labels = {n: f"{n}" + ("" if graph.nodes[n].get("dumped") else "\nno dump") for n in graph.nodes}
-        nx.draw_networkx_labels(graph, pos, labels=labels, ax=ax, font_size=8)
+        nx.draw_networkx_labels(graph, pos, labels=labels, ax=ax, font_size=7)
     if graph.number_of_edges() <= MAX_EDGE_LABELS:
         elabels = {(u, v): f"{d.get('op')} g{d.get('group')}#{d.get('seq')}" for u, v, d in graph.edges(data=True)}
         nx.draw_networkx_edge_labels(graph, pos, edge_labels=elabels, ax=ax, font_size=6, label_pos=0.6,
@@ -226,15 +234,18 @@ def wait_graph(a: Analysis, width: float = 9.0) -> Figure:
     return fig
 
 
-def _layered_layout(graph: nx.DiGraph, roots: set[int]) -> dict[Any, np.ndarray]:
-    """Columns by distance to the nearest root cause (roots rightmost), rows by rank."""
-    depth: dict[Any, int] = {}
-    rev = graph.reverse(copy=False)
-    for root in roots & set(graph.nodes):
-        for node, d in nx.single_source_shortest_path_length(rev, root).items():
-            depth[node] = min(depth.get(node, d), d)
-    far = max(depth.values(), default=0) + 1
-    layer = {n: depth.get(n, far) for n in graph.nodes}
+def _layered_layout(graph: nx.DiGraph) -> dict[Any, np.ndarray]:
+    """Columns by the longest wait chain to a rank that waits for nobody (those rightmost), rows by rank.
+
+    Members of a wait cycle share a column; ranks that neither wait nor are waited for go leftmost.
+    """
+    dag = nx.condensation(graph)
+    layer_of: dict[int, int] = {}
+    for c in reversed(list(nx.topological_sort(dag))):
+        layer_of[c] = 1 + max((layer_of[s] for s in dag.successors(c)), default=-1)
+    layer = {n: layer_of[dag.graph["mapping"][n]] for n in graph.nodes}
+    far = max(layer.values(), default=0) + 1
+    layer.update({n: far for n in graph.nodes if graph.degree(n) == 0})
     cols: dict[int, list[Any]] = {}
     for n in sorted(graph.nodes):
         cols.setdefault(layer[n], []).append(n)
@@ -258,8 +269,7 @@ def slow_links(a: Analysis, width: float = 6.5) -> Figure:
     grid = matrix.reindex(index=ranks, columns=ranks).to_numpy(dtype=float)
     import matplotlib as mpl
 
-    cmap = mpl.colormaps["viridis"].copy()
-    cmap.set_bad("#eeeeee")
+    cmap = mpl.colormaps["viridis"].with_extremes(bad="#eeeeee")
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, interpolation="nearest")
     fig.colorbar(image, ax=ax, label="ms")
     if len(ranks) <= MAX_LABELLED_RANKS:
