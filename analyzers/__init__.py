@@ -6,9 +6,13 @@
     a.groups         # process groups and their members
     a.graph          # networkx.DiGraph: edge r -> m when rank r waits for rank m
     a.report()       # the JSON report as a dict (docs/report-format.md)
+
+    from analyzers import postmortem, plots   # notebook steps as DataFrames, and their plots
+    postmortem.entries(a)                    # every entry + derived columns (docs/postmortem.md)
 """
 
+from . import postmortem
 from .analysis import Analysis, load
 from .loader import UnusableInput
 
-__all__ = ["Analysis", "UnusableInput", "load"]
+__all__ = ["Analysis", "UnusableInput", "load", "postmortem"]
