@@ -105,7 +105,8 @@ class Analysis:
         """Stragglers, slow links, per-collective lateness and clock offsets (timing analysis)."""
         sizes = dict(zip(self.groups["group"].astype(str), self.groups["size"].astype(int), strict=True))
         wall = {r: int(d.meta["wall_offset_ns"]) for r, d in self.dumps.items() if "wall_offset_ns" in d.meta}
-        return find_slow(self.entries, sizes, wall)
+        members = {str(g): list(r) for g, r in self.members.items()}
+        return find_slow(self.entries, sizes, wall, members)
 
     @property
     def verdict(self) -> str:
@@ -170,7 +171,9 @@ class Analysis:
         if verdict == SLOW:
             worst = self.slow.stragglers[0]
             return (f"slow: rank {worst['rank']} is a straggler, {worst['late_ms_median']:.2f} ms late (median) "
-                    f"and last to arrive in {worst['votes']} of {worst['collectives']} collectives")
+                    f"and last to arrive in {worst['votes']} of {worst['collectives']} ops"
+                    + (f" on {worst['channels'][0]}" if worst.get("channels") else "")
+                    + (f"; the whole {worst['scope']} is slow" if worst.get("scope", "rank") != "rank" else ""))
         if verdict == HEALTHY:
             return f"healthy: no rank is waiting ({plural(len(self.dumps), 'rank')} dumped)"
         if verdict == DEADLOCK and not self._matched.mismatches:

@@ -54,7 +54,8 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
     if report.get("stragglers"):
         lines += ["", "stragglers (most suspect first):"]
         lines += [f"  rank {s['rank']}: {s['late_ms_median']:.2f} ms late (median), last in {s['votes']} of "
-                  f"{s['collectives']} collectives, score {s['score']:.1f}, groups {', '.join(s['groups']) or '-'}"
+                  f"{s['collectives']} ops, score {s['score']:.1f}, on {', '.join(s.get('channels') or s['groups']) or '-'}"
+                  + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else "")
                   for s in report["stragglers"]]
     if report.get("slow_links"):
         lines += ["", "slow links:"] + [f"  {k['src']} -> {k['dst']}: {k['transfer_ms_median']:.2f} ms "

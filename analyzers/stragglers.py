@@ -22,6 +22,7 @@ MIN_VOTE_SHARE = 0.6  # ... and be the last to arrive in at least this share of 
 MIN_LATE_MS = 0.5  # ... by at least this much (median), so scheduler jitter never qualifies
 MIN_INSTANCES = 5  # fewer complete collectives than this: no verdict on speed
 SLOW_LINK_RATIO = 2.0
+MIN_COMPUTE_NS = 100_000  # a gap between two blocking ops shorter than this is no compute, only overhead
 
 
 @dataclass
@@ -34,25 +35,80 @@ class SlowResult:
     notes: list[str] = field(default_factory=list)
 
 
+def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
+    """Completed blocking ops with timing, each with the compute gap before it on its own rank.
+
+    The gap (enqueue minus the latest completion of the rank's earlier blocking ops, one clock) is
+    the time the rank spent on its own work before arriving: what can make it late by itself.
+    """
+    ops = entries[
+        entries["kind"].isin(["coll", "p2p"]) & (entries["state"] == "completed") & ~entries["is_async"].astype(bool)
+        & entries["t_enqueue_ns"].notna() & entries["t_complete_ns"].notna() & (entries["seq"] >= 0)
+    ]
+    cols = ["rank", "group", "seq", "kind", "op", "t_enqueue_ns", "t_complete_ns"]
+    ops = ops[cols + (["peer"] if "peer" in ops.columns else [])].copy()
+    if "peer" not in ops.columns:
+        ops["peer"] = -1
+    ops["group"] = ops["group"].astype(str)
+    ops["kind"] = ops["kind"].astype(str)
+    ops["op"] = ops["op"].astype(str)
+    ops["t_enqueue_ns"] = ops["t_enqueue_ns"].astype("int64")
+    ops["t_complete_ns"] = ops["t_complete_ns"].astype("int64")
+    ops = ops.sort_values(["rank", "t_enqueue_ns"], kind="stable")
+    busy_until = ops.groupby("rank")["t_complete_ns"].cummax().groupby(ops["rank"]).shift(1)
+    gap = ops["t_enqueue_ns"] - busy_until  # NaN for a rank's first op: unknown
+    # Back-to-back ops (a receive then a send) have no compute between them: such an op is
+    # preceded by the rank's latest real compute, so that is the gap it is judged by.
+    ops["gap_ns"] = gap.where(gap >= MIN_COMPUTE_NS).groupby(ops["rank"]).ffill().fillna(gap)
+    ops["duration_ns"] = ops["t_complete_ns"] - ops["t_enqueue_ns"]
+    return ops
+
+
+def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
+    """Ops keyed by the instance they belong to: (group, seq) for collectives, plus the pair for p2p.
+
+    Only complete instances count: every member of a collective, both sides of a transfer.
+    """
+    coll = ops[ops["kind"] == "coll"].copy()
+    coll["instance"] = "c" + coll["group"] + ":" + coll["seq"].astype(str)
+    coll["channel"] = coll["group"]
+    coll["members"] = coll.groupby("instance")["rank"].transform("size")
+    coll = coll[(coll["members"] == coll["group"].map(group_sizes).fillna(0).astype(int)) & (coll["members"] >= 2)]
+    p2p = ops[(ops["kind"] == "p2p") & ops["op"].isin(["send", "recv"]) & (ops["peer"] >= 0)].copy()
+    is_send = p2p["op"] == "send"
+    src = np.where(is_send, p2p["rank"], p2p["peer"]).astype("int64")
+    dst = np.where(is_send, p2p["peer"], p2p["rank"]).astype("int64")
+    p2p["instance"] = "p" + p2p["group"] + ":" + pd.Series(src, index=p2p.index).astype(str) + ">" \
+        + pd.Series(dst, index=p2p.index).astype(str) + ":" + p2p["seq"].astype(str)
+    p2p["channel"] = p2p["group"] + np.where(is_send, " send to ", " recv from ") + p2p["peer"].astype("int64").astype(str)
+    p2p["members"] = p2p.groupby("instance")["rank"].transform("size")
+    p2p = p2p[p2p["members"] == 2]
+    return pd.concat([coll, p2p], ignore_index=True).drop(columns=["members"])
+
+
 def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
-    """Lateness of every member in every blocking collective that all members completed."""
-    done = entries[
-        (entries["kind"] == "coll") & (entries["state"] == "completed") & ~entries["is_async"].astype(bool)
-        & entries["t_enqueue_ns"].notna() & entries["t_complete_ns"].notna()
-    ][["rank", "group", "seq", "op", "t_enqueue_ns", "t_complete_ns"]].copy()
+    """Lateness of every member of every complete blocking collective and blocking transfer.
+
+    `late_ns`: the longest wait in the instance minus the member's own (0 for the last to arrive).
+    `own_late_ns`: the part of it the member's own work explains: no more than how much longer its
+    gap before the op was than the shortest gap there. A rank that arrives late only because it
+    was held up in an earlier op by someone else (a pipeline stage behind a slow one, the last
+    stage draining) gets little of it; the slow rank gets all of it.
+    """
+    ops = _blocking_ops(entries)
+    if ops.empty:
+        return ops.assign(late_ns=pd.Series(dtype="int64"), own_late_ns=pd.Series(dtype="float64"),
+                          last=pd.Series(dtype=bool), instance=pd.Series(dtype=str), channel=pd.Series(dtype=str))
+    done = _instances(ops, group_sizes)
     if done.empty:
-        return done.assign(duration_ns=pd.Series(dtype="int64"), late_ns=pd.Series(dtype="int64"),
+        return done.assign(late_ns=pd.Series(dtype="int64"), own_late_ns=pd.Series(dtype="float64"),
                            last=pd.Series(dtype=bool))
-    done["group"] = done["group"].astype(str)
-    done["duration_ns"] = (done["t_complete_ns"] - done["t_enqueue_ns"]).astype("int64")
-    by_instance = done.groupby(["group", "seq"], observed=True)["duration_ns"]
-    done["members"] = by_instance.transform("size")
-    done = done[done["members"] == done["group"].map(group_sizes).fillna(0).astype(int)]
-    done = done[done["members"] >= 2]
-    by_instance = done.groupby(["group", "seq"], observed=True)["duration_ns"]
-    done["late_ns"] = by_instance.transform("max") - done["duration_ns"]
-    done["last"] = done["duration_ns"] == by_instance.transform("min")
-    return done.drop(columns=["members"]).reset_index(drop=True)
+    by_instance = done.groupby("instance")
+    done["late_ns"] = by_instance["duration_ns"].transform("max") - done["duration_ns"]
+    done["last"] = done["duration_ns"] == by_instance["duration_ns"].transform("min")
+    excess = (done["gap_ns"] - by_instance["gap_ns"].transform("min")).clip(lower=0)
+    done["own_late_ns"] = np.minimum(done["late_ns"], excess.fillna(np.inf))
+    return done.reset_index(drop=True)
 
 
 def clock_offsets(lateness: pd.DataFrame, wall_offsets: dict[int, int]) -> dict[int, float]:
@@ -66,20 +122,34 @@ def clock_offsets(lateness: pd.DataFrame, wall_offsets: dict[int, int]) -> dict[
 
 
 def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: median lateness, last-arrival votes and share, and a robust (MAD) score."""
-    per = lateness.groupby("rank").agg(late_ns=("late_ns", "median"), votes=("last", "sum"), n=("last", "size"))
+    """Per rank: its worst channel's median own lateness, votes and share, and a robust (MAD) score.
+
+    A channel is one collective group or one direction to one peer: a slow pipeline stage is late
+    on the sends that follow its compute and never on its receives, so taking the median over all
+    of its ops would hide it. A vote is an instance where the rank arrived last and its own work
+    explains most of the wait; lateness counts only in votes, so being held up by others (the last
+    pipeline stage draining into a global all_reduce) is never the rank's own.
+    """
+    vote = lateness["last"] & (lateness["own_late_ns"] >= 0.25 * lateness["late_ns"]) & (lateness["late_ns"] > 0)
+    data = lateness.assign(vote=vote, credited=lateness["own_late_ns"].where(vote, 0.0))
+    per_channel = data.groupby(["rank", "channel"]).agg(
+        late_ns=("credited", "median"), votes=("vote", "sum"), n=("vote", "size")).reset_index()
+    per_channel = per_channel[per_channel["n"] >= MIN_INSTANCES]
+    if per_channel.empty:
+        return pd.DataFrame(columns=["late_ms_median", "votes", "n", "vote_share", "score", "channels"])
+    per_channel["vote_share"] = per_channel["votes"] / per_channel["n"]
+    worst = per_channel.sort_values(["rank", "late_ns", "vote_share"], ascending=[True, False, False])
+    per = worst.groupby("rank").head(1).set_index("rank")
     per["late_ms_median"] = per["late_ns"] / 1e6
-    per["vote_share"] = per["votes"] / per["n"]
     center = float(per["late_ms_median"].median())
     mad = float((per["late_ms_median"] - center).abs().median()) * 1.4826
     spread = max(mad, 0.1)  # ms: a floor so near-identical ranks do not divide by ~0
     per["score"] = (per["late_ms_median"] - center) / spread
+    slow_channels = per_channel[(per_channel["late_ns"] / 1e6 >= MIN_LATE_MS) & (per_channel["vote_share"] >= MIN_VOTE_SHARE)]
+    slow_channels = slow_channels.sort_values("late_ns", ascending=False)  # worst channel first
+    per["channels"] = slow_channels.groupby("rank", sort=False)["channel"].agg(list)
+    per["channels"] = per["channels"].apply(lambda c: c if isinstance(c, list) else [])
     return per
-
-
-def _groups_of(lateness: pd.DataFrame, rank: int) -> list[str]:
-    mine = lateness[lateness["rank"] == rank].groupby("group", observed=True)["last"].mean()
-    return sorted(str(g) for g, share in mine.items() if share >= MIN_VOTE_SHARE)
 
 
 def p2p_links(entries: pd.DataFrame) -> pd.DataFrame:
@@ -101,7 +171,8 @@ def p2p_links(entries: pd.DataFrame) -> pd.DataFrame:
     return pairs.groupby(["src", "dst"]).agg(transfer_ms=("transfer_ms", "median"), count=("transfer_ms", "size")).reset_index()
 
 
-def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: dict[int, int]) -> SlowResult:
+def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: dict[int, int],
+              members: dict[str, list[int]] | None = None) -> SlowResult:
     lateness = collective_lateness(entries, group_sizes)
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
     links = p2p_links(entries)
@@ -115,18 +186,36 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
                                           "transfer_ms_median": round(float(row.transfer_ms), 3),
                                           "ratio": round(float(ratio), 2), "count": int(row.count)})
         result.slow_links.sort(key=lambda link: -link["ratio"])
-    instances = lateness[["group", "seq"]].drop_duplicates().shape[0] if len(lateness) else 0
+    instances = int(lateness["instance"].nunique()) if len(lateness) else 0
     if instances < MIN_INSTANCES:
         if instances:
-            result.notes.append(f"only {instances} complete blocking collectives have timing: too few to tell slow ranks")
+            result.notes.append(f"only {instances} complete blocking ops have timing: too few to tell slow ranks")
         return result
     per = rank_scores(lateness)
     chosen = per[(per["score"] >= MIN_SCORE) & (per["vote_share"] >= MIN_VOTE_SHARE)
                  & (per["late_ms_median"] >= MIN_LATE_MS)].sort_values("score", ascending=False)
     for rank, row in chosen.iterrows():
+        channels = list(row["channels"])
         result.stragglers.append({
             "rank": int(rank), "score": round(float(row["score"]), 2),
             "late_ms_median": round(float(row["late_ms_median"]), 3), "votes": int(row["votes"]),
-            "collectives": int(row["n"]), "groups": _groups_of(lateness, int(rank)),
+            "collectives": int(row["n"]), "groups": sorted({c.split(" ", 1)[0] for c in channels}),
+            "channels": channels,
         })
+    _attribute_groups(result.stragglers, members or {})
     return result
+
+
+def _attribute_groups(stragglers: list[dict[str, Any]], members: dict[str, list[int]]) -> None:
+    """A group whose every member is slow (a slow TP group, a slow node) is named as the scope.
+
+    Its members are then late together towards everyone outside it, which a single slow rank
+    never is; `scope` says which reading the evidence supports.
+    """
+    slow = {s["rank"] for s in stragglers}
+    world = len({r for ranks in members.values() for r in ranks})
+    whole = sorted((len(ranks), name) for name, ranks in members.items()
+                   if 2 <= len(ranks) < world and set(ranks) <= slow)
+    for straggler in stragglers:
+        scope = next((name for _, name in whole if straggler["rank"] in members[name]), None)
+        straggler["scope"] = f"group {scope}" if scope is not None else "rank"

@@ -86,3 +86,92 @@ def test_slow_link_matrix() -> None:
     result = find_slow(entries, {"0": 4}, {})
     assert [(k["src"], k["dst"]) for k in result.slow_links] == [(2, 3)]
     assert result.link_matrix.loc[2, 3] == 8.0
+
+
+def _pipeline(slow_stage: int | None, stages: int = 4, micro: int = 4, steps: int = 12,
+              compute_ms: float = 4.0, slow_pct: float = 30.0) -> pd.DataFrame:
+    """A simulated pipeline (blocking send/recv, forward then backward, a global all_reduce per step).
+
+    Each stage runs on its own clock (offset by seconds), computes, and waits for its peers exactly
+    as blocking transfers make it: a simple discrete-event model of the real scenario.
+    """
+    ms = 1_000_000
+    clock_skew = {r: r * 3_000 * ms for r in range(stages)}
+    now = [0] * stages  # true time each stage is free
+    rows: list[dict[str, object]] = []
+    seqs: dict[tuple[int, int], int] = {}
+
+    def cost(r: int) -> int:
+        return int(compute_ms * ms * (1 + slow_pct / 100 if r == slow_stage else 1))
+
+    def transfer(src: int, dst: int) -> None:
+        seq = seqs[(src, dst)] = seqs.get((src, dst), 0) + 1
+        done = max(now[src], now[dst]) + ms // 10
+        for rank, op, peer in ((src, "send", dst), (dst, "recv", src)):
+            rows.append({"rank": rank, "group": "0", "seq": seq, "kind": "p2p", "op": op, "peer": peer,
+                         "t_enqueue_ns": now[rank] + clock_skew[rank], "t_complete_ns": done + clock_skew[rank]})
+            now[rank] = done
+
+    coll = 0
+    for _ in range(steps):
+        for direction in (1, -1):  # forward, then backward
+            order = range(stages) if direction == 1 else range(stages - 1, -1, -1)
+            for _ in range(micro):
+                for r in order:
+                    now[r] += cost(r)
+                    nxt = r + direction
+                    if 0 <= nxt < stages:
+                        transfer(r, nxt)
+        coll += 1
+        done = max(now) + ms // 10
+        for r in range(stages):
+            rows.append({"rank": r, "group": "0", "seq": coll, "kind": "coll", "op": "all_reduce", "peer": -1,
+                         "t_enqueue_ns": now[r] + clock_skew[r], "t_complete_ns": done + clock_skew[r]})
+            now[r] = done
+    return pd.DataFrame(rows).assign(state="completed", is_async=False)
+
+
+def test_slow_pipeline_stage_is_named_not_the_stages_it_holds_up() -> None:
+    found = find_slow(_pipeline(slow_stage=2), {"0": 4}, {}).stragglers
+    assert [s["rank"] for s in found] == [2], found
+    assert any(c.startswith("0 send to") for c in found[0]["channels"])
+    assert 0.8 < found[0]["late_ms_median"] < 1.6  # 30% of 4 ms of compute
+
+
+def test_balanced_pipeline_has_no_straggler() -> None:
+    assert find_slow(_pipeline(slow_stage=None), {"0": 4}, {}).stragglers == []
+
+
+def _tp_dp(slow: set[int], steps: int = 30) -> tuple[pd.DataFrame, dict[str, list[int]]]:
+    """16 ranks: TP groups tp{t} = 4 consecutive ranks, DP groups dp{i} = {i, i+4, i+8, i+12};
+    ranks in `slow` compute 3 ms more per phase."""
+    members = {f"tp{t}": list(range(4 * t, 4 * t + 4)) for t in range(4)} | {f"dp{i}": [i + 4 * k for k in range(4)]
+                                                                           for i in range(4)}
+    rows, now, seqs = [], dict.fromkeys(range(16), 0), dict.fromkeys(members, 0)
+    for _ in range(steps):
+        for kind in ("tp", "dp"):
+            for r in range(16):
+                now[r] += 10_000_000 + (3_000_000 if r in slow else 0) + r * 10_000
+            for name, ranks in members.items():
+                if not name.startswith(kind):
+                    continue
+                seqs[name] += 1
+                done = max(now[r] for r in ranks) + 100_000
+                for r in ranks:
+                    rows.append({"rank": r, "group": name, "seq": seqs[name], "kind": "coll", "op": "all_reduce",
+                                 "peer": -1, "t_enqueue_ns": now[r], "t_complete_ns": done})
+                    now[r] = done
+    return pd.DataFrame(rows).assign(state="completed", is_async=False), members
+
+
+def test_a_whole_slow_tp_group_is_named_as_the_scope() -> None:
+    entries, members = _tp_dp(slow={4, 5, 6, 7})
+    found = find_slow(entries, {g: len(r) for g, r in members.items()}, {}, members).stragglers
+    assert sorted(s["rank"] for s in found) == [4, 5, 6, 7]
+    assert {s["scope"] for s in found} == {"group tp1"}
+
+
+def test_one_slow_rank_in_a_tp_group_is_named_alone() -> None:
+    entries, members = _tp_dp(slow={6})
+    found = find_slow(entries, {g: len(r) for g, r in members.items()}, {}, members).stragglers
+    assert [(s["rank"], s["scope"]) for s in found] == [(6, "rank")]
