@@ -7,6 +7,7 @@ the report are computed on first access to `.graph` or `.report()` and then cach
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -16,7 +17,7 @@ import pandas as pd
 from . import groups as groups_mod
 from .causes import CauseResult, build_graph, find_causes
 from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
-from .loader import Dataset, load_folder
+from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
 from .rankdump import RankDump
 from .stragglers import SlowResult, find_slow
@@ -26,13 +27,16 @@ from .waits import R_NO_DUMP, R_UNREADABLE, WaitResult, find_waits
 NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
 
-def load(folder: str | os.PathLike[str], workers: int | None = None) -> Analysis:
+def load(folder: str | os.PathLike[str], workers: int | None = None, progress: Progress | None = None,
+         on_count: Callable[[int], None] | None = None) -> Analysis:
     """Read a dump folder (flightrec and/or PyTorch flight-recorder dumps) and return its Analysis.
 
+    `folder` is a local path or any fsspec URL (`s3://bucket/dumps`, `memory://dumps`, `file://...`).
     Raises `analyzers.UnusableInput` when the folder is missing, empty, or holds no readable dump.
-    `workers` forces the number of reader processes (default: chosen from the folder's size).
+    `workers` forces the number of reader processes (default: chosen from the folder's size);
+    `on_count(n_files)` and `progress(n_read)` report the reading (the CLI's progress bar).
     """
-    return Analysis(load_folder(folder, workers))
+    return Analysis(load_folder(folder, workers, progress, on_count))
 
 
 class Analysis:

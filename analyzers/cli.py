@@ -26,21 +26,28 @@ def _fail(message: str) -> None:
 
 
 @click.command("analyze")
-@click.argument("folder", type=click.Path(path_type=Path))
+@click.argument("folder")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Report format.")
 @click.option("--dot", "dot", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the wait-for graph (Graphviz DOT) to FILE.")
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write a self-contained HTML postmortem (verdict, root causes, plots) to FILE.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes (default: chosen from the folder size).")
-def analyze_command(folder: Path, fmt: str, dot: Path | None, workers: int | None, html: Path | None = None) -> None:
-    """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER."""
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr (it is only drawn on a terminal anyway).")
+@click.option("--progress", "force_progress", is_flag=True, hidden=True, help="Draw the progress bar even when stderr is not a terminal.")
+def analyze_command(folder: str, fmt: str, dot: Path | None, workers: int | None, html: Path | None = None,
+                    quiet: bool = False, force_progress: bool = False) -> None:
+    """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL)."""
     from .analysis import load
+    from .progress import ReadProgress
     from .render import text_report, to_dot
 
+    bar = ReadProgress(enabled=not quiet, force=force_progress)
     try:
-        analysis = load(folder, workers=workers)
+        analysis = load(folder, workers=workers, progress=bar.progress, on_count=bar.on_count)
     except UnusableInput as exc:
+        bar.close()
         _fail(str(exc))
         return
+    bar.close()
     for problem in analysis.problems:
         click.echo(f"flightrec: skipped {problem.line()}", err=True)
     report = analysis.report()

@@ -71,6 +71,11 @@ ENTRY_COLUMNS = (
     "source",
 )
 
+try:  # optional: serialises list rows in C, so shapes and dtypes factorise without a per-row str()
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
 _INT_DEFAULTS = {"id": 0, "seq": -1, "pg_seq": -1, "peer": -1, "root": -1, "unit": -1}
 _TEXT = np.frompyfunc(str, 1, 1)
 
@@ -104,11 +109,37 @@ def encode(values: Any) -> Coded:
     arr = values.astype(object) if isinstance(values, np.ndarray) else pd.Series(values, dtype=object).to_numpy()
     try:
         codes, uniques = pd.factorize(arr)
-    except TypeError:  # unhashable rows (lists): factorise their text
+    except TypeError:  # unhashable rows (lists: shapes, dtypes)
+        return _encode_unhashable(arr)
+    return _dedupe(codes.astype(np.int32), [str(u) for u in uniques])
+
+
+def _encode_unhashable(arr: np.ndarray) -> Coded:
+    """Factorise rows by their serialised bytes (C speed), then take `str` of each distinct value once."""
+    if _orjson is None:
         text = _TEXT(arr)
         text[pd.isna(arr)] = None
         codes, uniques = pd.factorize(text)
-    return _dedupe(codes.astype(np.int32), [str(u) for u in uniques])
+        return _dedupe(codes.astype(np.int32), [str(u) for u in uniques])
+    try:
+        keys = np.fromiter(map(_orjson.dumps, arr), dtype=object, count=len(arr))
+    except TypeError:  # something orjson cannot serialise: the generic (slower) text path
+        text = _TEXT(arr)
+        text[pd.isna(arr)] = None
+        keys = text
+    codes, uniques = pd.factorize(keys)
+    codes = codes.astype(np.int32)
+    cats: list[str] = []
+    remap = np.empty(len(uniques) + 1, dtype=np.int32)
+    remap[-1] = -1
+    for i, key in enumerate(uniques):
+        value = _orjson.loads(key) if isinstance(key, bytes) else key
+        if value is None:  # null / NaN: missing
+            remap[i] = -1
+        else:
+            remap[i] = len(cats)
+            cats.append(str(value))
+    return _dedupe(remap[codes], cats)
 
 
 def text_column(values: Any, rewrite: Callable[[str], str] | None = None) -> Coded:
@@ -149,12 +180,32 @@ def finish_columns(cols: Columns, rank: int) -> Columns:
         elif name in INT_COLUMNS:
             out[name] = _int_column(_full(raw, n, _INT_DEFAULTS[name]), _INT_DEFAULTS[name])
         elif name in NULLABLE_INT_COLUMNS:
-            out[name] = pd.array(_full(raw, n, None), dtype="Int64")
+            out[name] = nullable_ints(raw, n)
         elif name in BOOL_COLUMNS:
             out[name] = pd.Series(_full(raw, n, False), dtype=object).fillna(False).astype(bool).to_numpy()
         else:
             out[name] = pd.Series(_full(raw, n, None), dtype=object).to_numpy()
     return out
+
+
+def nullable_ints(raw: Any, n: int) -> Any:
+    """An Int64 column from a list with nulls; ints are taken in C, never through a float (ns > 2^53)."""
+    if raw is None:
+        return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+    if isinstance(raw, list):
+        arr = np.empty(len(raw), dtype=object)
+        arr[:] = raw
+        mask = pd.isna(arr)
+        filled = np.where(mask, 0, arr)
+        try:
+            values = filled.astype(np.int64)
+            exact = bool((values == filled).all())
+        except (TypeError, ValueError, OverflowError):
+            exact = False
+        if not exact:  # floats, text, huge numbers: pandas decides (and raises) as before
+            return pd.array(raw, dtype="Int64")
+        return pd.arrays.IntegerArray(values, mask)
+    return pd.array(raw, dtype="Int64")
 
 
 def _int_column(values: Any, default: int) -> np.ndarray:

@@ -11,12 +11,14 @@ import multiprocessing
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from . import sources
 from .columns import concat_entries
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .rankdump import FileProblem, RankDump
@@ -37,7 +39,7 @@ class UnusableInput(Exception):
 class Dataset:
     """Everything read from one folder, before any analysis."""
 
-    folder: Path
+    folder: Path | str  # a str for fsspec URLs (kept as given)
     dumps: dict[int, RankDump]
     entries: pd.DataFrame
     problems: list[FileProblem] = field(default_factory=list)
@@ -61,24 +63,54 @@ def discover(folder: Path) -> list[Path]:
     return files
 
 
-def read_files(paths: list[Path], workers: int | None = None) -> list[RankDump | FileProblem]:
+Progress = Callable[[int], None]  # called with the number of files just read
+
+
+def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None) -> list[RankDump | FileProblem]:
     """Read every file, in a process pool when the folder is big enough to pay for one."""
     size = sum(_size(p) for p in paths)
     cpus = os.cpu_count() or 1
     if workers is None:
         workers = min(cpus, len(paths)) if (len(paths) >= PARALLEL_MIN_FILES and size >= PARALLEL_MIN_BYTES) else 1
     names = [str(p) for p in paths]
+    tick = progress or (lambda n: None)
     if workers <= 1:
-        return [read_path(n) for n in names]
+        out = []
+        for n in names:
+            out.append(read_path(n))
+            tick(1)
+        return out
     ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+    # small chunks keep the progress bar moving; each chunk still amortises the round trip
+    chunk = max(1, min(64, len(names) // (workers * 4)))
+    results = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        return list(pool.map(read_path, names, chunksize=max(1, len(names) // (workers * 4))))
+        for result in pool.map(read_path, names, chunksize=chunk):
+            results.append(result)
+            tick(1)
+    return results
 
 
-def load_folder(folder: str | os.PathLike[str], workers: int | None = None) -> Dataset:
-    """Read a dump folder into a Dataset; raises UnusableInput when nothing in it can be analyzed."""
-    path = Path(folder)
-    results = read_files(discover(path), workers)
+def load_folder(folder: str | os.PathLike[str], workers: int | None = None, progress: Progress | None = None,
+                on_count: Callable[[int], None] | None = None) -> Dataset:
+    """Read a dump folder (a local path or any fsspec URL) into a Dataset.
+
+    Raises UnusableInput when nothing in it can be analyzed. `on_count` is told the number of files
+    before reading starts and `progress` after each one (the CLI's progress bar).
+    """
+    path: Path | str
+    if sources.is_url(folder):
+        path = str(folder)
+        fs, names = _discover_url(path)
+        if on_count is not None:
+            on_count(len(names))
+        results = sources.read_all(fs, names, progress)
+    else:
+        path = Path(sources.local_path(folder) if isinstance(folder, str) else folder)
+        files = discover(path)
+        if on_count is not None:
+            on_count(len(files))
+        results = read_files(files, workers, progress)
     problems = [r for r in results if isinstance(r, FileProblem)]
     dumps, notes = _one_per_rank([r for r in results if isinstance(r, RankDump)])
     if not dumps:
@@ -90,6 +122,20 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None) -> D
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes)
+
+
+def _discover_url(url: str) -> tuple[object, list[str]]:
+    try:
+        fs, names = sources.discover(url)
+    except FileNotFoundError:
+        raise UnusableInput(f"{url}: no such folder") from None
+    except NotADirectoryError:
+        raise UnusableInput(f"{url}: not a folder") from None
+    except (ImportError, ValueError, OSError) as exc:
+        raise UnusableInput(f"{url}: cannot open ({type(exc).__name__}: {exc})") from None
+    if not names:
+        raise UnusableInput(f"{url}: empty folder, no dump files")
+    return fs, names
 
 
 def _one_per_rank(dumps: list[RankDump]) -> tuple[dict[int, RankDump], list[str]]:

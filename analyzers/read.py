@@ -8,12 +8,14 @@ traceback escape for a bad file, and a pickle can never run code (see safe_pickl
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
 import pickle
 import re
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from . import read_flightrec, read_torch_fr, safe_pickle
@@ -39,23 +41,37 @@ def rank_from_name(name: str) -> int | None:
 
 
 def read_path(path: str) -> RankDump | FileProblem:
-    """Read and normalise one file; a problem (never an exception) when it cannot be used."""
-    name = os.path.basename(path)
+    """Read and normalise one local file; a problem (never an exception) when it cannot be used."""
+    return read_with(os.path.basename(path), lambda: _file_bytes(path))
+
+
+def read_with(name: str, fetch: Callable[[], bytes]) -> RankDump | FileProblem:
+    """Normalise the bytes `fetch` returns (a local file, an fsspec object); problems become FileProblem."""
     hint = rank_from_name(name)
+    paused = gc.isenabled()
+    if paused:  # decoding makes ~10^5 containers per dump: the cyclic GC would rescan them all, twice as slow
+        gc.disable()
     try:
-        return _read(path, name, hint)
+        return _read(fetch, name, hint)
     except DumpError as exc:
         return FileProblem(file=name, reason=str(exc), rank=hint)
     except MemoryError:
         return FileProblem(file=name, reason="file too large to load", rank=hint)
     except Exception as exc:  # noqa: BLE001 - a malformed dump must never stop the other ranks
         return FileProblem(file=name, reason=f"unreadable ({type(exc).__name__}: {_short(exc)})", rank=hint)
+    finally:
+        if paused:
+            gc.enable()
 
 
-def _read(path: str, name: str, hint: int | None) -> RankDump:
+def _file_bytes(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _read(fetch: Callable[[], bytes], name: str, hint: int | None) -> RankDump:
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = fetch()
     except OSError as exc:
         raise DumpError(f"cannot read file ({exc.strerror or exc})") from None
     if not data:

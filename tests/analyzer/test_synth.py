@@ -1,0 +1,77 @@
+"""Synthetic jobs (fixtures/synth.py): the analyzer names the injected culprit, in both formats.
+
+The culprit is computed by the generator's layout, never written here, and each fault moves it
+(stall: not_entered, mismatch: mismatch, straggler: slow); PyTorch's own analyzer must accept the
+pickles we call PyTorch-format.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import analyzers
+from fixtures import synth
+
+RANKS = 64  # TP 8 x PP 4 x DP 2: every group kind, p2p included
+ENTRIES = 300  # rings wrap on the middle stages
+
+
+@pytest.mark.parametrize("fmt", synth.FORMATS)
+@pytest.mark.parametrize("fault", synth.FAULTS)
+def test_analyzer_names_the_injected_culprit(tmp_path: Path, fault: str, fmt: str) -> None:
+    folder = synth.write_folder(tmp_path / f"{fault}-{fmt}", RANKS, ENTRIES, fault, fmt)
+    report = analyzers.load(folder).report()
+    assert synth.check(report, RANKS, fault) == []
+    want = synth.expected(RANKS, fault)
+    if fault != "straggler":
+        assert report["root_causes"][0]["rank"] == want["culprit"]
+    if fault != "straggler" and fmt == "flightrec":
+        # PyTorch's format numbers p2p per group, so wrapped rings can mis-pair sends (a stated gap)
+        assert set(report["victims"]) == set(range(RANKS)) - {want["culprit"]}
+        assert len(report["root_causes"]) == 1
+
+
+def test_check_rejects_a_wrong_answer() -> None:
+    layout = synth.Layout.of(RANKS)
+    wrong = {"verdict": "hang", "root_causes": [{"rank": layout.culprit + 1, "kind": "not_entered"}]}
+    assert synth.check(wrong, RANKS, "stall")
+    assert synth.check({"verdict": "healthy", "stragglers": []}, RANKS, "straggler")
+
+
+def test_layout_and_dump_shape(tmp_path: Path) -> None:
+    layout = synth.Layout.of(256)
+    assert (layout.tp, layout.pp, layout.dp) == (8, 4, 8)
+    folder = synth.write_folder(tmp_path / "d", 16, 120, "stall", "flightrec")
+    files = sorted(folder.glob("rank-*.json.gz"))
+    assert len(files) == 16
+    dump = json.loads(gzip.decompress(files[5].read_bytes()))
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 1
+    lengths = {len(v) for v in dump["entries"].values()}
+    assert lengths == {120}
+    assert dump["dropped"] == dump["recorded"] - 120 > 0
+    names = {g["desc"][:2] for g in dump["groups"]}
+    assert names == {"de", "tp", "pp", "dp"}
+    # a second call with the same parameters reuses the folder
+    stamp = (folder / ".synth.json").stat().st_mtime_ns
+    synth.write_folder(folder, 16, 120, "stall", "flightrec")
+    assert (folder / ".synth.json").stat().st_mtime_ns == stamp
+
+
+def test_torch_format_is_read_by_pytorchs_analyzer(tmp_path: Path) -> None:
+    folder = synth.write_folder(tmp_path / "fr", 16, 60, "straggler", "torch")
+    dump = pickle.loads((folder / f"{synth.TORCH_PREFIX}3").read_bytes())
+    assert dump["version"].startswith("2.") and len(dump["entries"]) == 60
+    out = tmp_path / "db.pkl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "-o", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.stat().st_size > 0
