@@ -24,6 +24,9 @@ from .triggers import LONGEST_STORE_CALL_S, FileTrigger, StoreTrigger
 _DISCOVER_EVERY_S = 0.5
 _FR_STATUS_EVERY_S = 1.0
 _PEER_REQUEST_EVERY_S = 5.0
+# Every rank polls the job's store: at 16k ranks, once a second is 16k requests/s on one host
+# (PyTorch's own NCCL monitor checks its store as often: TORCH_NCCL_COORD_CHECK_MILSEC=1000).
+_STORE_POLL_EVERY_S = 1.0
 
 
 def describe(entry: Entry) -> str:
@@ -49,6 +52,7 @@ class Watchdog:
         self._fired: set[int] = set()
         self._next_discover = 0.0
         self._next_fr = 0.0
+        self._next_store_poll = 0.0
         self._last_peer_request = -1e18
         self.last_dump_mono_ns = 0
         self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
@@ -125,8 +129,9 @@ class Watchdog:
         reason = self.files.poll()
         if reason is not None:
             self._dump("manual" if reason == "manual" else reason, "dump requested through the dump folder")
-        if self._stop.is_set():
+        if self._stop.is_set() or now < self._next_store_poll:
             return  # no new store call once stopping: it could outlast the join
+        self._next_store_poll = now + _STORE_POLL_EVERY_S
         request = self.store.poll()
         if request is not None:
             self._dump("peer_request", request[1])

@@ -166,6 +166,7 @@ def exit_while_store_call_in_flight(rank: int, world_size: int, port: int, out: 
     watchdog = control.current().watchdog
     watchdog.store._store = None
     watchdog.store._next_connect = 0.0
+    watchdog._next_store_poll = 0.0
     watchdog.wake()
     time.sleep(0.3)  # the watchdog is now inside TCPStore() retrying the dead port
     task = f"/proc/self/task/{watchdog._thread.native_id}"  # the OS's view: is the thread still there?
