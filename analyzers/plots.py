@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
+import pandas as pd
 
 from . import postmortem as pm
 from .analysis import Analysis
+from .textutil import ranges
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -37,6 +39,7 @@ STATUS_COLORS = {
 ROLE_COLORS = {"root_cause": "#d62728", "victim": "#fdae6b", "waiting": "#fdd0a2", "idle": "#e0e0e0", "missing": "#ffffff"}
 MAX_LABELLED_RANKS = 64
 MAX_EDGE_LABELS = 40
+MAX_ARROWS = 300  # above this, edges are one line collection (FancyArrowPatch per edge is slow)
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -89,17 +92,23 @@ def _root_marks(a: Analysis) -> dict[int, str]:
     return {r: " root" for r, role in pm.rank_roles(a).items() if role == "root_cause"}
 
 
-def timeline(a: Analysis, width: float = 11.0) -> Figure:
+def timeline(a: Analysis, width: float = 11.0, last_ops: int = 200) -> Figure:
     """Per-rank timeline (wall clock × rank): one bar per op, coloured by status, the hang marked.
 
     Ops still running at dump time extend (hatched) to the end of the record. Ops whose completion
     the dump does not record are drawn as a tick at their start. Root-cause ranks are labelled red.
+    Only each rank's `last_ops` most recent entries are drawn (a hang is at the end); the bars are
+    one polygon collection, so thousands of ranks still draw in seconds.
     """
     df = pm.entries(a)
+    kept = df.groupby("rank", sort=False).cumcount(ascending=False) < last_ops
+    trimmed = not bool(kept.all())
+    df = df[kept]
     ranks = _rank_rows(a)
     fig = _figure(width, min(max(2.6, 0.32 * len(ranks) + 1.6), 24))
     ax = fig.add_subplot()
-    ax.set_title(textwrap.shorten(a.summary(), 120), fontsize=10, loc="left")
+    ax.set_title(textwrap.shorten(a.summary(), 120) + (f" (last {last_ops} ops per rank)" if trimmed else ""),
+                 fontsize=10, loc="left")
     start = df["t_enqueue_wall_ns"].astype("float64")
     if start.notna().sum() == 0:
         _note(ax, "no timestamps in these dumps: no timeline")
@@ -110,23 +119,19 @@ def timeline(a: Analysis, width: float = 11.0) -> Figure:
     span = max(horizon - t0, 1.0)
     scale, unit = (1e9, "s") if span >= 2e9 else (1e6, "ms")
     horizon += 0.03 * span
-    row = {r: i for i, r in enumerate(ranks)}
+    row = pd.Series(np.arange(len(ranks), dtype=float), index=ranks)
     y = df["rank"].map(row).to_numpy(dtype=float)
-    status = df["status"].astype(str).to_numpy()
+    status = df["status"].astype(str)
+    colors = status.map(STATUS_COLORS).fillna(STATUS_COLORS[pm.ST_UNKNOWN]).to_numpy(dtype=object)
+    status = status.to_numpy(dtype=object)
     x0 = (start.to_numpy() - t0) / scale
     has_end = end.notna().to_numpy()
     open_ = ~has_end & np.isin(status, [pm.ST_PENDING, pm.ST_BLOCKING, pm.ST_MISMATCH, pm.ST_FAILED])
-    x1 = np.where(has_end, end.to_numpy(), np.where(open_, horizon, np.nan))
-    x1 = (x1 - t0) / scale
-    colors = np.array([STATUS_COLORS.get(s, "#c7c7c7") for s in status], dtype=object)
-    width_ = np.maximum(x1 - x0, span / scale * 0.003)
+    x1 = (np.where(has_end, end.to_numpy(), np.where(open_, horizon, np.nan)) - t0) / scale
+    x1 = np.maximum(x1, x0 + span / scale * 0.003)  # every op stays visible
     closed = has_end & ~np.isnan(x0)
-    if closed.any():
-        ax.barh(y[closed], width_[closed], left=x0[closed], height=0.7, color=list(colors[closed]),
-                edgecolor="#555555", linewidth=0.3)
-    if open_.any():
-        ax.barh(y[open_], width_[open_], left=x0[open_], height=0.7, color=list(colors[open_]), alpha=0.55,
-                hatch="//", edgecolor="#555555", linewidth=0.3)
+    _bars(ax, x0[closed], x1[closed], y[closed], colors[closed], label="ops")
+    _bars(ax, x0[open_], x1[open_], y[open_], colors[open_], label="running at dump time", hatch="//", alpha=0.55)
     tick = ~has_end & ~open_ & ~np.isnan(x0)
     if tick.any():
         ax.scatter(x0[tick], y[tick], marker="|", s=120, c=list(colors[tick]), linewidths=2,
@@ -143,6 +148,20 @@ def timeline(a: Analysis, width: float = 11.0) -> Figure:
     ax.set_xlim(0, (horizon - t0) / scale)
     _status_legend(ax, set(status), tick.any() or blocking.any())
     return fig
+
+
+def _bars(ax: Axes, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, colors: np.ndarray, label: str, **style: Any) -> None:
+    """Horizontal bars [x0, x1] at rows y as one PolyCollection (one artist, not one per op)."""
+    if not len(x0):
+        return
+    from matplotlib.collections import PolyCollection
+
+    h = 0.35
+    verts = np.stack([np.column_stack([x0, y - h]), np.column_stack([x1, y - h]),
+                      np.column_stack([x1, y + h]), np.column_stack([x0, y + h])], axis=1)
+    ax.add_collection(PolyCollection(verts, facecolors=list(colors), edgecolors="#555555",
+                                     linewidths=0.3 if len(x0) < 3000 else 0.0,
+                                     label=f"_{label}", **style))
 
 
 def _status_legend(ax: Axes, present: set[str], extra: bool) -> None:
@@ -190,48 +209,84 @@ def _lacking(a: Analysis) -> str:
 def wait_graph(a: Analysis, width: float = 9.0) -> Figure:
     """The wait-for graph: arrows point from a waiting rank to the rank it waits for; roots in red.
 
-    Ranks are laid out in columns by their distance from a root cause (roots on the right); edges
-    of wait cycles are drawn red.
+    Ranks are laid out in columns by the longest wait chain to a root (roots on the right); edges of
+    wait cycles are drawn red. Above MAX_LABELLED_RANKS ranks, ranks with the same role that wait
+    for the same ranks are drawn as one node labelled with their rank ranges.
     """
-    graph = a.graph
     rep = a.report()
-    roles = pm.rank_roles(a)
     fig = _figure(width, 4.0)
     ax = fig.add_subplot()
     ax.set_title(textwrap.shorten(rep["summary"], 110), fontsize=10, loc="left")
     ax.set_axis_off()
-    if graph.number_of_edges() == 0:
-        _note(ax, f"no rank is waiting for another ({graph.number_of_nodes()} ranks)")
+    if a.graph.number_of_edges() == 0:
+        _note(ax, f"no rank is waiting for another ({a.graph.number_of_nodes()} ranks)")
         return fig
-    roots = {r for c in rep["root_causes"] for r in c["ranks"]}
+    graph = _display_graph(a, rep)
     pos = _layered_layout(graph)
     tallest = max(collections.Counter(float(p[0]) for p in pos.values()).values())
     fig.set_size_inches(width, min(max(2.6, 0.55 * tallest + 1.2), 14))
-    color = [ROLE_COLORS.get(roles.get(n, "missing" if not graph.nodes[n].get("dumped") else "idle"), "#e0e0e0")
-             for n in graph.nodes]
-    edge_c = ["#555555" if n in roots or graph.nodes[n].get("dumped") else "#888888" for n in graph.nodes]
-    in_cycle = {(u, v) for cyc in rep["cycles"] for u in cyc for v in cyc if graph.has_edge(u, v)}
+    nodes = list(graph.nodes)
+    roles = [graph.nodes[n]["role"] for n in nodes]
     edges = list(graph.edges)
-    nx.draw_networkx_edges(graph, pos, ax=ax, edgelist=edges, arrows=True, arrowsize=14, node_size=1100,
-                           edge_color=["#d62728" if e in in_cycle else "#777777" for e in edges],
-                           width=[2.2 if e in in_cycle else 1.0 for e in edges], connectionstyle="arc3,rad=0.08")
-    nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=color, edgecolors=edge_c, node_size=1100,
-                           linewidths=[2.5 if n in roots else 1.0 for n in graph.nodes])
-    ax.margins(0.12)
-    few = graph.number_of_nodes() <= MAX_LABELLED_RANKS
-    if few:
-        labels = {n: f"{n}" + ("" if graph.nodes[n].get("dumped") else "\nno dump") for n in graph.nodes}
-        nx.draw_networkx_labels(graph, pos, labels=labels, ax=ax, font_size=7)
-    if graph.number_of_edges() <= MAX_EDGE_LABELS:
+    red = [graph.edges[e]["cycle"] for e in edges]
+    arrows = {"arrows": True, "arrowsize": 14, "connectionstyle": "arc3,rad=0.08"} if len(edges) <= MAX_ARROWS else {"arrows": False}
+    nx.draw_networkx_edges(graph, pos, ax=ax, edgelist=edges, node_size=1100,
+                           edge_color=["#d62728" if r else "#777777" for r in red],
+                           width=[2.2 if r else 1.0 for r in red], **arrows)
+    nx.draw_networkx_nodes(graph, pos, ax=ax, nodelist=nodes, node_color=[ROLE_COLORS[r] for r in roles],
+                           edgecolors="#555555", node_size=1100,
+                           linewidths=[2.5 if r == "root_cause" else 1.0 for r in roles])
+    xy = np.array(list(pos.values()))
+    ax.set_xlim(xy[:, 0].min() - 0.4, xy[:, 0].max() + 0.4)
+    ax.set_ylim(xy[:, 1].min() - 0.7, xy[:, 1].max() + 0.7)
+    if len(nodes) <= MAX_LABELLED_RANKS:
+        nx.draw_networkx_labels(graph, pos, labels={n: graph.nodes[n]["label"] for n in nodes}, ax=ax,
+                                font_size=7 if graph.number_of_nodes() == a.graph.number_of_nodes() else 6)
+    if len(edges) <= MAX_EDGE_LABELS:
         elabels = {(u, v): f"{d.get('op')} g{d.get('group')}#{d.get('seq')}" for u, v, d in graph.edges(data=True)}
         nx.draw_networkx_edge_labels(graph, pos, edge_labels=elabels, ax=ax, font_size=6, label_pos=0.6,
                                      bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
     from matplotlib.patches import Patch
 
-    shown = {roles.get(n, "missing") if graph.nodes[n].get("dumped") or n in roots else "missing" for n in graph.nodes}
     ax.legend(handles=[Patch(facecolor=c, edgecolor="#555555", label=r.replace("_", " ")) for r, c in ROLE_COLORS.items()
-                       if r in shown], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+                       if r in set(roles)], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return fig
+
+
+def _display_graph(a: Analysis, rep: dict[str, Any]) -> nx.DiGraph:
+    """The wait graph with drawing attributes (role, label, cycle edges); condensed when large."""
+    graph = a.graph
+    roles = pm.rank_roles(a)
+    in_cycle = {(u, v) for cyc in rep["cycles"] for u in cyc for v in cyc if graph.has_edge(u, v)}
+    out = nx.DiGraph()
+    for n, attrs in graph.nodes(data=True):
+        dumped = bool(attrs.get("dumped"))
+        role = roles.get(n, "idle") if dumped or roles.get(n) == "root_cause" else "missing"
+        out.add_node(n, role=role, label=f"{n}" + ("" if dumped else "\nno dump"), ranks=[n], dumped=dumped)
+    for u, v, attrs in graph.edges(data=True):
+        out.add_edge(u, v, **attrs, cycle=(u, v) in in_cycle)
+    if out.number_of_nodes() <= MAX_LABELLED_RANKS:
+        return out
+    key = {n: (out.nodes[n]["role"], out.nodes[n]["dumped"], frozenset(out.successors(n)), n if n in
+               {r for c in rep["root_causes"] for r in c["ranks"]} else -1) for n in out.nodes}
+    blocks: dict[Any, list[int]] = {}
+    for n in sorted(out.nodes):
+        blocks.setdefault(key[n], []).append(n)
+    block_of = {n: min(members) for members in blocks.values() for n in members}
+    small = nx.DiGraph()
+    for members in blocks.values():
+        first = out.nodes[members[0]]
+        text = ranges(members)
+        label = textwrap.shorten(text, 14, placeholder="…") + (f"\n({len(members)} ranks)" if len(members) > 1 else "")
+        small.add_node(min(members), role=first["role"], label=label + ("" if first["dumped"] else "\nno dump"),
+                       ranks=members, dumped=first["dumped"])
+    for u, v, attrs in out.edges(data=True):
+        bu, bv = block_of[u], block_of[v]
+        if bu != bv and not small.has_edge(bu, bv):
+            small.add_edge(bu, bv, **attrs)
+        elif bu != bv and attrs["cycle"]:
+            small.edges[bu, bv]["cycle"] = True
+    return small
 
 
 def _layered_layout(graph: nx.DiGraph) -> dict[Any, np.ndarray]:

@@ -11,7 +11,7 @@ import matplotlib.image as mimage
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from matplotlib.collections import PathCollection
+from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from matplotlib.patches import Rectangle
@@ -44,15 +44,18 @@ def test_every_plot_returns_a_figure(loaded, name):
         assert png[:8] == b"\x89PNG\r\n\x1a\n", title
 
 
-def _bars(ax) -> list[Rectangle]:
-    return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() > 0]
+def _bars(ax, hatched: bool | None = None) -> list:
+    """The timeline's bars (one path each), optionally only the hatched (still running) ones."""
+    return [path for c in ax.collections if isinstance(c, PolyCollection) and not isinstance(c, PathCollection)
+            and (hatched is None or bool(c.get_hatch()) == hatched) for path in c.get_paths()]
 
 
 def test_timeline_draws_every_op_and_marks_the_hang(loaded):
     a = loaded["compute_hang"]
     ax = plots.timeline(a).axes[0]
     assert len(_bars(ax)) == len(a.entries)  # 12 completed + 3 blocking (open, hatched)
-    assert sum(1 for p in _bars(ax) if p.get_hatch()) == 3
+    assert len(_bars(ax, hatched=True)) == 3
+    assert len(_bars(plots.timeline(a, last_ops=2).axes[0])) == 8  # only each rank's last 2 ops
     assert any(line.get_linestyle() == "--" for line in ax.get_lines())  # the hang point
     labels = {t.get_text(): t for t in ax.get_yticklabels()}
     assert mcolors.to_rgba(labels["2 root"].get_color()) == ROOT_RED
@@ -93,6 +96,15 @@ def test_wait_graph_highlights_roots_and_cycles(loaded):
     assert len(red) == 2  # the two edges of the 1 <-> 2 cycle
     healthy = plots.wait_graph(analyzers.load(GOLDEN / "healthy")).axes[0]
     assert "no rank is waiting" in " ".join(t.get_text() for t in healthy.texts).replace("\n", " ")
+
+
+def test_large_wait_graph_is_condensed(tmp_path):
+    job = Job(80)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[r for r in range(80) if r != 7], state="started")
+    ax = plots.wait_graph(analyzers.load(job.write(tmp_path / "big"))).axes[0]
+    labels = sorted(t.get_text() for t in ax.texts if "ranks" in t.get_text() or t.get_text() == "7")
+    assert labels == ["0-6, 8-79\n(79 ranks)", "7"]
 
 
 def test_slow_link_matrix(tmp_path):
