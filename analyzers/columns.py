@@ -231,10 +231,17 @@ def concat_entries(parts: Sequence[Columns]) -> pd.DataFrame:
         if name in CATEGORY_COLUMNS:
             data[name] = _union(pieces)
         elif name in NULLABLE_INT_COLUMNS:
-            data[name] = pd.array(pd.concat([pd.Series(x) for x in pieces], ignore_index=True), dtype="Int64")
+            data[name] = _concat_nullable(pieces)
         else:
             data[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
     return pd.DataFrame(data, columns=list(ENTRY_COLUMNS))
+
+
+def _concat_nullable(pieces: list[Any]) -> Any:
+    """Int64 pieces joined as one array (values and masks concatenated, no Series per rank)."""
+    arrays = [p if isinstance(p, pd.arrays.IntegerArray) else pd.array(p, dtype="Int64") for p in pieces]
+    arrays = [a if a.dtype == "Int64" else a.astype("Int64") for a in arrays]
+    return pd.arrays.IntegerArray._concat_same_type(arrays)
 
 
 def _union(pieces: list[Coded]) -> pd.Categorical:
