@@ -104,20 +104,29 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
     for i, row in zip(order, firsts.itertuples(index=False), strict=True):  # distinct combinations only
         size = len(members.get(str(row.group), ())) or 1
         shape_sig[i], dtype_sig[i] = _signature(str(row.op), row.in_shapes, row.out_shapes, row.in_dtypes, row.out_dtypes, size)
-    def text(values: np.ndarray) -> pd.Series:  # object, not pandas' arrow strings: no per-row conversion
-        return pd.Series(values, dtype=object)
+    def text(values: Any) -> pd.Categorical:
+        """Categorical with str categories: grouping, nunique and str tests then run on codes, not per row."""
+        cat = values if isinstance(values, pd.Categorical) else pd.Categorical(values)
+        return cat.rename_categories(pd.Index([str(c) for c in cat.categories], dtype=object))
 
+    def by_key(per_combination: np.ndarray) -> pd.Categorical:  # one value per distinct combination
+        small = pd.Categorical(pd.Series(per_combination, dtype=object))
+        return pd.Categorical.from_codes(small.codes[key], categories=small.categories)
+
+    reduce_op = coll["reduce_op"].array
+    if "" not in reduce_op.categories:
+        reduce_op = reduce_op.add_categories([""])
     sig = pd.DataFrame(
         {
             "rank": coll["rank"].to_numpy(),
-            "group": text(coll["group"].to_numpy(dtype=object)),
+            "group": text(coll["group"].array),
             "seq": coll["seq"].to_numpy(),
             "id": coll["id"].to_numpy(),
-            "state": text(coll["state"].to_numpy(dtype=object)),
-            "op": text(coll["op"].to_numpy(dtype=object)),
-            "shapes": text(shape_sig[key]),
-            "dtypes": text(dtype_sig[key]),
-            "reduce_op": text(coll["reduce_op"].astype(object).fillna("").to_numpy(dtype=object)),
+            "state": text(coll["state"].array),
+            "op": text(coll["op"].array),
+            "shapes": text(by_key(shape_sig)),
+            "dtypes": text(by_key(dtype_sig)),
+            "reduce_op": text(reduce_op.fillna("")),
         }
     )
     dup = sig.duplicated(["rank", "group", "seq"], keep=False)
