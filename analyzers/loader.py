@@ -74,10 +74,11 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
         workers = min(cpus, len(paths)) if (len(paths) >= PARALLEL_MIN_FILES and size >= PARALLEL_MIN_BYTES) else 1
     names = [str(p) for p in paths]
     tick = progress or (lambda n: None)
+    shared = SharedMembers()
     if workers <= 1:
         out = []
         for n in names:
-            out.append(read_path(n))
+            out.append(shared(read_path(n)))
             tick(1)
         return out
     ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
@@ -86,9 +87,27 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
     results = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         for result in pool.map(read_path, names, chunksize=chunk):
-            results.append(result)
+            results.append(shared(result))
             tick(1)
     return results
+
+
+class SharedMembers:
+    """Makes every dump's copy of a group's member list one shared tuple, as results arrive.
+
+    Why: each rank records the world group's members; 16,384 dumps each holding 16,384 ints would
+    take ~10 GB (ints above 256 are separate objects), one shared tuple takes 0.6 MB.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def __call__(self, result: RankDump | FileProblem) -> RankDump | FileProblem:
+        if isinstance(result, RankDump):
+            for g in result.groups:
+                if g.ranks is not None:
+                    g.ranks = self._seen.setdefault(g.ranks, g.ranks)
+        return result
 
 
 def load_folder(folder: str | os.PathLike[str], workers: int | None = None, progress: Progress | None = None,

@@ -57,10 +57,13 @@ def read_all(fs: Any, paths: list[str], progress: Callable[[int], None] | None =
     def one(path: str) -> RankDump | FileProblem:
         return read_with(posixpath.basename(path), lambda: fs.cat_file(path))
 
+    from .loader import SharedMembers  # (loader imports this module)
+
+    shared = SharedMembers()
     out: list[RankDump | FileProblem] = []
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as pool:
         for result in pool.map(one, paths):
-            out.append(result)
+            out.append(shared(result))
             if progress is not None:
                 progress(1)
     return out
