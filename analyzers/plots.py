@@ -142,7 +142,7 @@ def timeline(a: Analysis, width: float = 11.0, last_ops: int = 200) -> Figure:
         ax.axvline(hang, color="#d62728", linestyle="--", linewidth=1, label="hang point (first blocking op entered)")
         ax.scatter(x0[blocking], y[blocking], marker=">", s=36, color="#d62728", zorder=3, label="blocking op entered")
     ax.set_ylim(len(ranks) - 0.5, -0.5)  # rank 0 on top
-    _label_ranks(ax, ranks, a, _root_marks(a))
+    _label_ranks(ax, ranks, a, {s["rank"]: " straggler" for s in a.report()["stragglers"]} | _root_marks(a))
     ax.set_ylabel("rank")
     ax.set_xlabel(f"wall clock ({unit} since the first recorded op; each rank's own clock)")
     ax.set_xlim(0, (horizon - t0) / scale)

@@ -17,7 +17,7 @@ from matplotlib.image import AxesImage
 from matplotlib.patches import Rectangle
 
 import analyzers
-from analyzers import plots
+from analyzers import html_report, plots
 from analyzers import postmortem as pm
 from analyzers.cli import analyze_command
 from fixtures.builders import OP_STEP_NS, Job
@@ -80,6 +80,7 @@ def test_lateness_heatmap(loaded):
     grid = image.get_array()
     assert grid.shape == (4, pm.lateness(a)["collective_id"].nunique())
     assert int(np.ma.median(grid, axis=1).argmax()) == 1  # rank 1 is the straggler
+    assert "1 straggler" in [t.get_text() for t in plots.timeline(a).axes[0].get_yticklabels()]
     assert "1 straggler" in [t.get_text() for t in ax.get_yticklabels()]
     empty = plots.lateness_heatmap(loaded["torch_fr_gloo"]).axes[0]
     assert not empty.get_images() and "no completion times" in " ".join(t.get_text() for t in empty.texts).replace("\n", " ")
@@ -125,6 +126,13 @@ def test_missing_matplotlib_names_the_extra(monkeypatch, loaded):
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     with pytest.raises(ImportError, match=r"flightrec\[notebook\]"):
         plots.timeline(loaded["compute_hang"])
+
+
+def test_html_report_without_matplotlib(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    html = html_report.render_html(analyzers.load(GOLDEN / "crash"))
+    assert "flightrec[notebook]" in html and "data:image/png" not in html
+    assert "rank 1 &mdash; missing_dump" in html
 
 
 def test_html_report(tmp_path):
