@@ -89,11 +89,11 @@ def show_command(folder: Path, rank: int, group: str | None) -> None:
 
 
 @click.command("export")
-@click.argument("folder", type=click.Path(path_type=Path))
+@click.argument("folder")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Parquet file for the entries; the groups go to OUT's name with .groups.parquet.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes (default: chosen from the folder size).")
-def export_command(folder: Path, out: Path, workers: int | None) -> None:
-    """Write every rank's entries, with the analyzer's derived columns, and the group table as Parquet."""
+def export_command(folder: str, out: Path, workers: int | None) -> None:
+    """Write every rank's entries of FOLDER (a path or an fsspec URL), with the analyzer's derived columns, and the group table as Parquet."""
     from .analysis import load
     from .export import export
 
