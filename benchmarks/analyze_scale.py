@@ -1,0 +1,260 @@
+"""How the analyzer scales with ranks x entries, against PyTorch's own analyzer on the same traces.
+
+For each N (ranks) with E entries per rank: a synthetic job with an injected fault
+(fixtures/synth.py, flightrec format and PyTorch's pickle format, cached under .bench-data/) is
+analysed in a child process: load time, analysis time, end to end (the child's whole life: start-up,
+imports, load, analysis), peak RSS, and whether the culprit was named. PyTorch's analyzer
+(`python -m torch.distributed.flight_recorder.fr_trace DIR`) runs on the pickles of the same job
+with a time limit and a memory cap; the ratio is taken within this run. Then: the time and size of
+one 2,000-entry dump written by flightrec's dumper for a real Recorder.
+
+    python benchmarks/analyze_scale.py                       # 256, 1024, 4096, 16384 ranks x 2000
+    python benchmarks/analyze_scale.py --sizes 256,1024 --torch-timeout 300 --tpdp-sizes ""
+
+"(gave up)": PyTorch's analyzer stopped at its own cap of 10 mismatches in one group (it aligns ranks
+by record id, which pipeline stages with different op counts per step break), so it did less work.
+
+Peak RSS: each measured command runs under a small wrapper process that reports RUSAGE_CHILDREN,
+i.e. the largest resident set of any one process of the command; for the analyzer the reader pool's
+workers are reported separately and added (a conservative bound for the whole tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TARGET_S, TARGET_GB, TARGET_RATIO = 60.0, 8.0, 20.0
+WRITE_TARGET_MS, WRITE_TARGET_MB = 100.0, 1.0
+
+ANALYZE_CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, {root!r})
+from analyzers.analysis import Analysis
+from analyzers.loader import load_folder
+from fixtures import synth
+t1 = time.perf_counter()
+data = load_folder({folder!r})
+t2 = time.perf_counter()
+report = Analysis(data).report()
+t3 = time.perf_counter()
+print(json.dumps({{
+    "import_s": t1 - t0, "load_s": t2 - t1, "analysis_s": t3 - t2, "entries": int(len(data.entries)),
+    "self_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    "workers_rss_gb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+    "errors": synth.check(report, {ranks}, {fault!r}, {pp!r}), "summary": report["summary"],
+}}))
+"""
+
+WRITE_CHILD = r"""
+import json, os, statistics, sys, time
+sys.path.insert(0, {root!r})
+import torch, torch.distributed as dist
+import flightrec
+from flightrec.control import current
+from flightrec import dumper
+out = {out!r}
+assert flightrec.enable(dir=out, timeout_s=3600, buffer=2000)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+t = torch.ones(1024)
+for i in range(2100):
+    if i % 3 == 0:
+        dist.all_gather_into_tensor(torch.empty(1024), t)
+    else:
+        dist.all_reduce(t)
+rec = current().recorder
+times, build, sizes = [], [], []
+for _ in range(7):
+    a = time.perf_counter()
+    payload = dumper.build_dump(rec, "api")
+    b = time.perf_counter()
+    path = dumper.write_dump(payload, out)
+    c = time.perf_counter()
+    build.append((b - a) * 1e3)
+    times.append((c - a) * 1e3)
+    sizes.append(os.path.getsize(path))
+entries = len(payload["entries"]["id"])
+flightrec.disable()
+dist.destroy_process_group()
+print(json.dumps({{"entries": entries, "ms": statistics.median(times), "build_ms": statistics.median(build),
+                  "bytes": sizes[-1]}}))
+"""
+
+
+def measure(cmd: list[str], timeout: float, mem_gb: float | None = None, env: dict[str, str] | None = None) -> dict:
+    """Run `cmd` under this file's `--wrap` mode: wall time, exit code, peak RSS of its processes."""
+    wrap = [sys.executable, os.path.abspath(__file__), "--wrap", str(timeout), str(mem_gb or 0), "--", *cmd]
+    proc = subprocess.run(wrap, capture_output=True, text=True, env=env, check=False)
+    try:
+        return json.loads(proc.stderr.strip().splitlines()[-1]) | {"stdout": proc.stdout}
+    except (IndexError, ValueError):
+        return {"rc": proc.returncode, "wall_s": float("nan"), "rss_gb": float("nan"), "stdout": proc.stdout,
+                "error": proc.stderr[-500:]}
+
+
+def wrap_main(timeout: float, mem_gb: float, cmd: list[str]) -> int:
+    """Child side of `measure`: runs cmd in its own process group, reports JSON on stderr's last line."""
+
+    def limit() -> None:
+        os.setsid()
+        if mem_gb > 0:
+            cap = int(mem_gb * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, preexec_fn=limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    wall = time.perf_counter() - start
+    sys.stdout.write(out or "")
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    sys.stderr.write("\n" + json.dumps({"rc": proc.returncode, "wall_s": wall, "rss_gb": rss, "timed_out": timed_out}) + "\n")
+    return 0
+
+
+def prepare(ranks: int, entries: int, fault: str, data: str, pp: int | None) -> tuple[str, str, float]:
+    from fixtures import synth
+
+    t = time.perf_counter()
+    tag = f"{fault}-{ranks}x{entries}" + ("" if pp is None else f"-pp{pp}")
+    fr = str(synth.write_folder(os.path.join(data, f"flightrec-{tag}"), ranks, entries, fault, "flightrec", pp=pp))
+    pt = str(synth.write_folder(os.path.join(data, f"torch-{tag}"), ranks, entries, fault, "torch", pp=pp))
+    return fr, pt, time.perf_counter() - t
+
+
+def run_flightrec(folder: str, ranks: int, fault: str, pp: int | None, mem_gb: float) -> dict:
+    code = ANALYZE_CHILD.format(root=ROOT, folder=folder, ranks=ranks, fault=fault, pp=pp)
+    m = measure([sys.executable, "-c", code], timeout=3600, mem_gb=mem_gb)
+    try:
+        inner = json.loads(m["stdout"].strip().splitlines()[-1])
+    except (IndexError, ValueError, KeyError):
+        why = "out of memory (cap)" if m.get("rc") else m.get("error", "no output")
+        return {"error": f"{why}; rc={m.get('rc')}, {m['wall_s']:.0f} s, peak RSS {m.get('rss_gb', float('nan')):.1f} GB",
+                "wall_s": m["wall_s"]}
+    inner["end_to_end_s"] = m["wall_s"]
+    inner["rss_gb"] = inner["self_rss_gb"] + inner["workers_rss_gb"]
+    return inner
+
+
+def run_torch(folder: str, timeout: float, mem_gb: float) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder]
+    return measure(cmd, timeout=timeout, mem_gb=mem_gb)
+
+
+def dump_write() -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("FLIGHTREC", None)
+        proc = subprocess.run([sys.executable, "-c", WRITE_CHILD.format(root=ROOT, out=out)], capture_output=True,
+                              text=True, env=env, timeout=600, check=False)
+        if proc.returncode:
+            return {"error": proc.stderr[-800:]}
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(sizes: list[int], a: argparse.Namespace, pp: int | None, title: str) -> list[dict]:
+    """Measure both analyzers at each size on one layout; prints a table, returns the raw rows."""
+    print(f"\n{title}, {a.entries} entries per rank, fault {a.fault!r}")
+    print(f"{'ranks':>6} {'entries':>11} {'load s':>7} {'analysis s':>10} {'end-to-end s':>12} {'peak RSS GB':>11} "
+          f"{'culprit':>7} {'torch fr_trace s':>24} {'torch RSS GB':>12} {'ratio':>6}")
+    rows, torch_gave_up = [], None
+    for n in sizes:
+        fr, pt, gen_s = prepare(n, a.entries, a.fault, a.data, pp)
+        f = run_flightrec(fr, n, a.fault, pp, a.flightrec_mem_gb)
+        if "error" in f:
+            print(f"{n:>6} flightrec failed: {f['error']}")
+            rows.append({"ranks": n, "pp": pp, "flightrec": f})
+            continue
+        t: dict = {}
+        if a.no_torch:
+            torch_txt = "not run"
+        elif torch_gave_up is not None:
+            torch_txt = f"not run (failed at {torch_gave_up})"
+            t = {"skipped": True}
+        else:
+            t = run_torch(pt, a.torch_timeout, a.torch_mem_gb)
+            if t.get("timed_out"):
+                torch_txt = f"did not finish in {a.torch_timeout:.0f} s"
+                torch_gave_up = n
+            elif t["rc"] != 0:
+                oom = "MemoryError" in t.get("stdout", "")
+                torch_txt = f"{'out of memory' if oom else 'failed'} after {t['wall_s']:.0f} s"
+                torch_gave_up = n
+            else:
+                t["gave_up"] = "aborting" in t.get("stdout", "")  # its own cap: too many mismatches in a group
+                torch_txt = f"{t['wall_s']:.1f}" + (" (gave up)" if t["gave_up"] else "")
+        ratio = t["wall_s"] / f["end_to_end_s"] if t.get("rc") == 0 and not t.get("timed_out") else None
+        culprit = "ok" if not f["errors"] else "WRONG"
+        trss = f"{t['rss_gb']:.2f}" if t.get("rss_gb") == t.get("rss_gb") and "rss_gb" in t else "-"
+        print(f"{n:>6} {f['entries']:>11,} {f['load_s']:>7.1f} {f['analysis_s']:>10.1f} {f['end_to_end_s']:>12.1f} "
+              f"{f['rss_gb']:>11.2f} {culprit:>7} {torch_txt:>24} {trss:>12} "
+              f"{(f'{ratio:.1f}x' if ratio else '-'):>6}", flush=True)
+        rows.append({"ranks": n, "pp": pp, "entries": f["entries"], "generate_s": gen_s, "flightrec": f, "torch": {
+            k: v for k, v in t.items() if k != "stdout"}, "ratio": ratio})
+    return rows
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--wrap":
+        return wrap_main(float(sys.argv[2]), float(sys.argv[3]), sys.argv[5:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="256,1024,4096,16384")
+    p.add_argument("--entries", type=int, default=2000)
+    p.add_argument("--fault", default="stall")
+    p.add_argument("--data", default=os.path.join(ROOT, ".bench-data"))
+    p.add_argument("--torch-timeout", type=float, default=600.0)
+    p.add_argument("--torch-mem-gb", type=float, default=14.0, help="address-space cap for PyTorch's analyzer")
+    p.add_argument("--flightrec-mem-gb", type=float, default=14.0, help="address-space cap per analyzer process")
+    p.add_argument("--tpdp-sizes", default="256,1024",
+                   help="also compare on a TP x DP layout without pipeline p2p (PyTorch's analyzer matches it fully)")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--json", default=None, help="also write the raw figures to this file")
+    a = p.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start (shared machines vary)")
+    rows = table(sizes, a, pp=None, title="3-D layout (TP 8 x PP 4 x DP; pipeline send/recv)")
+    tpdp = [int(x) for x in a.tpdp_sizes.split(",") if x]
+    if tpdp:
+        rows += table(tpdp, a, pp=1, title="TP x DP layout (TP 8 x DP, no pipeline)")
+    w = dump_write()
+    if "error" in w:
+        print(f"dump write: failed: {w['error']}")
+    else:
+        ok = w["ms"] <= WRITE_TARGET_MS and w["bytes"] <= WRITE_TARGET_MB * 2**20
+        print(f"dump write: {w['entries']} entries in {w['ms']:.1f} ms (building {w['build_ms']:.1f} ms), "
+              f"{w['bytes'] / 1024:.0f} KiB gzip; targets {WRITE_TARGET_MS:.0f} ms, {WRITE_TARGET_MB:.0f} MB: "
+              f"{'met' if ok else 'NOT met'}")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    for r in rows:
+        f = r.get("flightrec", {})
+        if r["ranks"] == 16384 and r.get("pp") is None:
+            met = "end_to_end_s" in f and f["end_to_end_s"] <= TARGET_S and f["rss_gb"] <= TARGET_GB and not f["errors"]
+            print(f"16,384-rank target (<= {TARGET_S:.0f} s, <= {TARGET_GB:.0f} GB, right culprit): {'met' if met else 'NOT met'}")
+        if r["ranks"] == 1024 and "flightrec" in r:
+            ratio = r.get("ratio")
+            print(f"1,024-rank target (>= {TARGET_RATIO:.0f}x PyTorch's analyzer), {'3-D' if r.get('pp') is None else 'TP x DP'}: "
+                  + ("not measured" if ratio is None else f"{ratio:.1f}x, {'met' if ratio >= TARGET_RATIO else 'NOT met'}"))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"rows": rows, "dump_write": w, "cpus": os.cpu_count()}, fh, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
