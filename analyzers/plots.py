@@ -38,7 +38,7 @@ STATUS_COLORS = {
 }
 ROLE_COLORS = {"root_cause": "#d62728", "victim": "#fdae6b", "waiting": "#fdd0a2", "idle": "#e0e0e0", "missing": "#ffffff"}
 MAX_LABELLED_RANKS = 64
-MAX_EDGE_LABELS = 40
+MAX_EDGE_LABELS = 24
 MAX_ARROWS = 300  # above this, edges are one line collection (FancyArrowPatch per edge is slow)
 
 
@@ -79,7 +79,7 @@ def _rank_rows(a: Analysis) -> list[int]:
 def _label_ranks(ax: Axes, ranks: list[int], a: Analysis, marked: dict[int, str]) -> None:
     """Rank tick labels on the y axis; `marked` ranks (rank -> suffix) in bold red."""
     step = max(1, len(ranks) // MAX_LABELLED_RANKS)
-    pos = list(range(0, len(ranks), step))
+    pos = sorted(set(range(0, len(ranks), step)) | {i for i, r in enumerate(ranks) if r in marked})
     labels = [f"{ranks[i]}" + ("" if ranks[i] in a.dumps else " (no dump)") + marked.get(ranks[i], "") for i in pos]
     ax.set_yticks(pos, labels)
     for i, tick in zip(pos, ax.get_yticklabels(), strict=True):
@@ -174,8 +174,13 @@ def _status_legend(ax: Axes, present: set[str], extra: bool) -> None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
-def lateness_heatmap(a: Analysis, width: float = 11.0) -> Figure:
-    """Lateness (ms) of each rank (rows) in each timed collective (columns, in the order entered)."""
+def lateness_heatmap(a: Analysis, width: float = 11.0, max_columns: int = 240) -> Figure:
+    """Lateness (ms) of each rank (rows) in each timed collective (columns, in the order entered).
+
+    With more than `max_columns` timed collectives, consecutive ones are binned (a bin reads as a
+    stretch of steps) and a cell is the rank's mean lateness over the collectives of the bin it
+    took part in: with many small groups, one column per collective would be nearly all empty.
+    """
     lat = pm.lateness(a)
     ranks = sorted(a.dumps)
     fig = _figure(width, min(max(2.6, 0.3 * len(ranks) + 1.6), 20))
@@ -185,17 +190,23 @@ def lateness_heatmap(a: Analysis, width: float = 11.0) -> Figure:
         _note(ax, "no lateness: no collective was completed by every member with recorded completion times"
               + _lacking(a))
         return fig
-    grid = lat.pivot_table(index="rank", columns="collective_id", values="late_ms", aggfunc="max").reindex(ranks)
+    ids = pd.factorize(lat["collective_id"], sort=True)[0]
+    n = int(ids.max()) + 1
+    per_bin = -(-n // max_columns)  # ceil
+    column = ids // per_bin
+    grid = lat.assign(column=column).pivot_table(index="rank", columns="column", values="late_ms", aggfunc="mean")
+    grid = grid.reindex(ranks)
     data = np.ma.masked_invalid(grid.to_numpy(dtype=float))
     import matplotlib as mpl
 
     cmap = mpl.colormaps["magma_r"].with_extremes(bad="#eeeeee")
     image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0)
-    fig.colorbar(image, ax=ax, label="ms late", shrink=0.9)
+    fig.colorbar(image, ax=ax, label="ms late", shrink=0.9 if len(ranks) <= 16 else 0.5)
     _label_ranks(ax, ranks, a, {s["rank"]: " straggler" for s in a.report()["stragglers"]})
     ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("rank")
-    ax.set_xlabel(f"collective (in the order first entered; {grid.shape[1]} with timing from every member)")
+    what = f"{n} collectives with timing from every member, in the order first entered"
+    ax.set_xlabel(what if per_bin == 1 else f"{what}, in bins of {per_bin} (mean per rank)")
     return fig
 
 

@@ -77,7 +77,7 @@ def test_show_torch_fr(tmp_path):
 
 
 def test_group_holds_both_commands():
-    assert set(main.commands) == {"analyze", "show"}
+    assert set(main.commands) == {"analyze", "show", "export"}
     assert analyze_command.name == "analyze" and show_command.name == "show"
 
 
