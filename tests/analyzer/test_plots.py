@@ -149,8 +149,9 @@ def test_html_report(tmp_path):
     if chromium is None:
         pytest.skip("chromium is not installed (CI installs it: see the README's test command)")
     shot = tmp_path / "shot.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1200,1600",
+                    f"--screenshot={shot}", page.as_uri()],
                    check=True, timeout=90, capture_output=True)
     pixels = mimage.imread(shot)[..., :3]
     assert pixels.shape[:2] == (1600, 1200)
