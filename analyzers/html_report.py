@@ -16,6 +16,7 @@ from . import postmortem as pm
 from .analysis import Analysis
 from .textutil import ranges
 
+MAX_ROWS = 200  # per table: a 16k-rank job stays a page, not a 10 MB document
 VERDICT_COLORS = {"healthy": "#2ca02c", "slow": "#e6a100", "hang": "#d62728", "desync": "#9467bd", "deadlock": "#8c1c13"}
 
 CSS = """
@@ -65,10 +66,21 @@ def render_html(a: Analysis) -> str:
     parts += _mismatches(rep)
     if rep["gaps"]:
         parts += ["<h2>Evidence gaps</h2>", '<ul class="gaps">'] + [f"<li>{escape(g)}</li>" for g in rep["gaps"]] + ["</ul>"]
-    parts += ["<h2>Dumps</h2>", _table(pm.ranks(a)[["rank", "role", "status", "blocking_op", "file", "format", "host",
-                                                      "reason", "entries"]].to_dict("records"))]
+    parts += ["<h2>Ranks</h2>"] + _ranks(a)
     parts.append('<p class="muted">written by flightrec analyze --html</p></body></html>')
     return "\n".join(parts)
+
+
+def _ranks(a: Analysis) -> list[str]:
+    """Every rank up to MAX_ROWS; beyond, root causes and ranks without a dump first, then the lowest."""
+    table = pm.ranks(a)
+    order = table["role"].map({"root_cause": 0, "missing": 1}).fillna(2)
+    shown = table.assign(_o=order).sort_values(["_o", "rank"], kind="stable").head(MAX_ROWS).sort_values("rank")
+    cols = ["rank", "role", "status", "blocking_op", "file", "format", "host", "reason", "entries"]
+    out = [_table(shown[cols].to_dict("records"))]
+    if len(table) > MAX_ROWS:
+        out.append(f'<p class="muted">{len(table) - MAX_ROWS} more ranks not listed (flightrec export has them all).</p>')
+    return out
 
 
 def _causes(rep: dict[str, Any]) -> list[str]:
@@ -111,11 +123,13 @@ def _plots(a: Analysis) -> list[str]:
 def _waits(rep: dict[str, Any]) -> list[str]:
     if not rep["waits"]:
         return []
+    more = len(rep["waits"]) - MAX_ROWS
     rows = [{"rank": w["rank"], "blocked in": f"{w['op']} (group {w['group']}, seq {w['seq']})",
              "waits for": ranges(w["waits_for"]) or "-",
              "why": ", ".join(f"{k}: {v}" for k, v in w["reasons"].items()) or "-",
-             "state": w["state"], "evidence": w["evidence"]} for w in rep["waits"]]
-    return ["<h2>Waits</h2>", _table(rows)]
+             "state": w["state"], "evidence": w["evidence"]} for w in rep["waits"][:MAX_ROWS]]
+    tail = [f'<p class="muted">{more} more waiting ranks not listed (--format json lists all).</p>'] if more > 0 else []
+    return ["<h2>Waits</h2>", _table(rows), *tail]
 
 
 def _stragglers(rep: dict[str, Any]) -> list[str]:

@@ -79,7 +79,8 @@ def _rank_rows(a: Analysis) -> list[int]:
 def _label_ranks(ax: Axes, ranks: list[int], a: Analysis, marked: dict[int, str]) -> None:
     """Rank tick labels on the y axis; `marked` ranks (rank -> suffix) in bold red."""
     step = max(1, len(ranks) // MAX_LABELLED_RANKS)
-    pos = sorted(set(range(0, len(ranks), step)) | {i for i, r in enumerate(ranks) if r in marked})
+    special = {i for i, r in enumerate(ranks) if r in marked}
+    pos = sorted(special | {i for i in range(0, len(ranks), step) if step == 1 or all(abs(i - j) >= step for j in special)})
     labels = [f"{ranks[i]}" + ("" if ranks[i] in a.dumps else " (no dump)") + marked.get(ranks[i], "") for i in pos]
     ax.set_yticks(pos, labels)
     for i, tick in zip(pos, ax.get_yticklabels(), strict=True):

@@ -151,30 +151,24 @@ def ranks(a: Analysis) -> pd.DataFrame:
     """One row per rank (dumped or not): its dump, its role and state in the wait graph, what it waits for."""
     rep = a.report()
     graph = a.graph
-    dumps = a.dump_table.set_index("rank") if len(a.dump_table) else pd.DataFrame()
-    waits = {w["rank"]: w for w in rep["waits"]}
+    nodes = sorted(graph.nodes)
     kinds = {r: c["kind"] for c in rep["root_causes"] for r in c["ranks"]}
     roles = rank_roles(a)
-    rows = []
-    for r in sorted(graph.nodes):
-        w = waits.get(r)
-        d = dumps.loc[r] if r in dumps.index else None
-        rows.append({
-            "rank": r,
-            "dumped": bool(graph.nodes[r].get("dumped")),
-            "status": graph.nodes[r].get("status"),
-            "role": roles.get(r, "idle") if r in a.dumps else ("root_cause" if r in kinds else "missing"),
-            "root_cause_kind": kinds.get(r),
-            "blocking_op": f"{w['op']} (group {w['group']}, seq {w['seq']})" if w else None,
-            "waits_for": w["waits_for"] if w else [],
-            "evidence": w["evidence"] if w else None,
-            "file": None if d is None else d["file"],
-            "format": None if d is None else d["format"],
-            "host": None if d is None else d["host"],
-            "reason": None if d is None else d["reason"],
-            "entries": 0 if d is None else int(d["entries"]),
-        })
-    return pd.DataFrame(rows)
+    out = pd.DataFrame({
+        "rank": nodes,
+        "dumped": [bool(graph.nodes[r].get("dumped")) for r in nodes],
+        "status": [graph.nodes[r].get("status") for r in nodes],
+        "role": [roles.get(r, "idle") if r in a.dumps else ("root_cause" if r in kinds else "missing") for r in nodes],
+        "root_cause_kind": [kinds.get(r) for r in nodes],
+    })
+    waits = pd.DataFrame([{"rank": w["rank"], "blocking_op": f"{w['op']} (group {w['group']}, seq {w['seq']})",
+                           "waits_for": w["waits_for"], "evidence": w["evidence"]} for w in rep["waits"]],
+                         columns=["rank", "blocking_op", "waits_for", "evidence"])
+    dumps = a.dump_table.reindex(columns=["rank", "file", "format", "host", "reason", "entries"])
+    out = out.merge(waits, on="rank", how="left").merge(dumps, on="rank", how="left")
+    out["waits_for"] = [w if isinstance(w, list) else [] for w in out["waits_for"]]
+    out["entries"] = out["entries"].fillna(0).astype(int)
+    return out
 
 
 def root_causes(a: Analysis) -> pd.DataFrame:

@@ -58,6 +58,7 @@ def test_timeline_draws_every_op_and_marks_the_hang(loaded):
     assert len(_bars(plots.timeline(a, last_ops=2).axes[0])) == 8  # only each rank's last 2 ops
     assert any(line.get_linestyle() == "--" for line in ax.get_lines())  # the hang point
     labels = {t.get_text(): t for t in ax.get_yticklabels()}
+    assert list(labels) == ["0", "1", "2 root", "3"]
     assert mcolors.to_rgba(labels["2 root"].get_color()) == ROOT_RED
     assert mcolors.to_rgba(labels["0"].get_color()) != ROOT_RED
 
