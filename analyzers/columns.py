@@ -222,19 +222,25 @@ def _full(raw: Any, n: int, default: Any) -> Any:
     return raw
 
 
-def concat_entries(parts: Sequence[Columns]) -> pd.DataFrame:
-    """One DataFrame from per-rank columns: codes are unified once, each string column built once."""
+def concat_entries(parts: Sequence[Columns], consume: bool = False) -> pd.DataFrame:
+    """One DataFrame from per-rank columns: codes are unified once, each string column built once.
+
+    `consume=True` empties the parts column by column as the table grows, so reading holds about one
+    copy of the entries instead of two (the per-rank pieces and the table).
+    """
     parts = [p for p in parts if p is not None] or [finish_columns({}, 0)]
     data: dict[str, Any] = {}
     for name in ENTRY_COLUMNS:
-        pieces = [p[name] for p in parts]
+        pieces = [p.pop(name) if consume else p[name] for p in parts]
         if name in CATEGORY_COLUMNS:
             data[name] = _union(pieces)
         elif name in NULLABLE_INT_COLUMNS:
             data[name] = _concat_nullable(pieces)
         else:
             data[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-    return pd.DataFrame(data, columns=list(ENTRY_COLUMNS))
+        del pieces
+    # copy=False: the columns are fresh, and consolidating them into 2-D blocks would copy them all once more
+    return pd.DataFrame(data, columns=list(ENTRY_COLUMNS), copy=False)
 
 
 def _concat_nullable(pieces: list[Any]) -> Any:

@@ -137,7 +137,7 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None, prog
         raise UnusableInput(f"{path}: no readable dump ({lines})")
     notes += _version_notes(dumps)
     notes += _merge_notes(dumps)
-    entries = concat_entries([dumps[r].entries for r in sorted(dumps)])
+    entries = concat_entries([dumps[r].entries for r in sorted(dumps)], consume=True)
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes)
