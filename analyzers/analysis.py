@@ -200,11 +200,14 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
         return []
     sub = entries.loc[entries["rank"].isin(wrapped) & (entries["kind"] == "coll"), ["rank", "group", "seq"]]
     first = sub.groupby(["rank", sub["group"].astype(object)])["seq"].min()
+    starts_of: dict[int, list[str]] = {}
+    for (rr, g), s in first.items():  # one pass (not one per wrapped rank: that was quadratic in ranks)
+        starts_of.setdefault(int(rr), []).append(f"group {g} from seq {int(s)}")
     out = []
     for r in wrapped:
         d = dumps[r]
         lost = f"{d.dropped} entries dropped" if d.dropped else f"oldest record id kept is {d.meta.get('first_id')}"
-        starts = ", ".join(f"group {g} from seq {int(s)}" for (rr, g), s in first.items() if rr == r)
+        starts = ", ".join(starts_of.get(r, []))
         out.append(
             f"rank {r}: ring wrapped ({lost}); its history is partial ({starts or 'no collectives kept'}): "
             "earlier positions are compared without it"
