@@ -212,7 +212,9 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
                 at.setdefault((g, s), []).append(w.rank)
     if not at:
         return
-    coll = ctx.entries.loc[ctx.entries["kind"] == "coll", ["group", "rank", "seq"]]
+    e = ctx.entries
+    wanted = e["group"].isin({g for g, _ in at})  # only the groups someone is blocked in: a few of thousands
+    coll = e.loc[(e["kind"] == "coll") & wanted, ["group", "rank", "seq"]]
     hi = coll.groupby([coll["group"].astype(object), "rank"])["seq"].max()
     blocked_at = {(g, s): set(rs) for (g, s), rs in at.items()}
     blocked_ranks = np.fromiter(waits, dtype=np.int64)
@@ -263,7 +265,9 @@ def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
     rows = [(w, p) for w in waits.values() for p in w.positions if p[0] == "p2p"]
     if not rows:
         return
-    p2p = ctx.entries.loc[ctx.entries["kind"] == "p2p", ["rank", "group", "op", "peer", "seq", "state", "id"]]
+    e = ctx.entries
+    peers = {p[4] for _, p in rows if p[4] >= 0}  # only the peers' own entries are looked up
+    p2p = e.loc[(e["kind"] == "p2p") & e["rank"].isin(peers), ["rank", "group", "op", "peer", "seq", "state", "id"]]
     p2p = p2p.assign(group=p2p["group"].astype(object), op=p2p["op"].astype(object))
     hi = p2p.groupby(["rank", "group", "op", "peer"])["seq"].max().to_dict()
     entry = p2p.set_index(["rank", "group", "op", "peer", "seq"])[["state", "id"]]
