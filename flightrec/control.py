@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from . import log
-from .dumper import build_dump, process_rank, warn_write_failed, write_dump
+from .dumper import build_dump, joined, process_rank, warn_write_failed, write_dump
 from .entry import Entry
 from .patching import Patcher
 from .recorder import Recorder
@@ -48,10 +48,14 @@ class _Armed:
         """Write this rank's dump; False (with a warning) when the folder cannot take it."""
         with self.dump_lock:
             try:
-                if process_rank()[0] < 0 and self.recorder.ring.recorded == 0:
+                is_rank = joined() or self.recorder.ring.recorded > 0
+                if process_rank()[0] < 0 and not is_rank:
                     return False  # e.g. torchrun's agent process: it never joined a group
                 payload = build_dump(self.recorder, reason, detail)
-                write_dump(payload, self.settings.dir)
+                # a process that inherited RANK but never joined (a spawned DataLoader worker) may
+                # only write where the rank has no dump yet: never over the rank's own
+                if write_dump(payload, self.settings.dir, replace=is_rank) is None:
+                    return False
             except OSError as exc:
                 warn_write_failed(self.settings.dir, exc)
                 return False

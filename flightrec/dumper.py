@@ -1,7 +1,8 @@
 """Build a rank's dump and write it atomically.
 
 The temporary file lives in the target folder so `os.replace` is a same-filesystem rename: a
-process killed mid-write leaves the previous dump intact and at worst a hidden `.tmp` file.
+process killed mid-write leaves the previous dump intact and at worst a hidden `.tmp` file, which
+the next dump of that rank removes (unless its writer still runs) and the analyzer never reads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,7 +84,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
     entries = rec.entries()
     fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
     _enrich_cpp_entries(entries, fr)
-    groups = [g.table_row() for g in rec.groups.known()]
+    groups = rec.groups.table()
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
     local_rank = os.environ.get("LOCAL_RANK")
     return {
@@ -114,14 +116,24 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
     }
 
 
-def write_dump(payload: dict[str, Any], folder: str) -> str:
-    """Write `payload` as folder/rank-NNNNN.json.gz via a temporary file and a rename."""
+# Tests only: called with the temporary file's path once it is complete and synced, before the
+# rename, so a test can kill the process inside that window (tests/reliability).
+before_rename: Callable[[str], None] | None = None
+
+
+def write_dump(payload: dict[str, Any], folder: str, replace: bool = True) -> str | None:
+    """Write `payload` as folder/rank-NNNNN.json.gz via a temporary file and a rename.
+
+    `replace=False` never overwrites an existing dump (returns None instead): a process that never
+    joined a group (a spawned DataLoader worker inheriting RANK) must not replace the rank's real one.
+    The file is synced before the rename, so the name never points at data still in flight.
+    """
     os.makedirs(folder, exist_ok=True)
     name = dump_filename(int(payload.get("rank", -1)))
     final = os.path.join(folder, name)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     for stale in glob.glob(os.path.join(glob.escape(folder), f".{name}.*.tmp")):
-        if stale != tmp:
+        if stale != tmp and not _writer_alive(stale):
             try:
                 os.unlink(stale)
             except OSError:
@@ -130,7 +142,19 @@ def write_dump(payload: dict[str, Any], folder: str) -> str:
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
-        os.replace(tmp, final)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if before_rename is not None:
+            before_rename(tmp)
+        if replace:
+            os.replace(tmp, final)
+        else:
+            try:
+                os.link(tmp, final)  # atomic "create if absent"
+            except FileExistsError:
+                return None
+            finally:
+                os.unlink(tmp)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -138,6 +162,26 @@ def write_dump(payload: dict[str, Any], folder: str) -> str:
             pass
         raise
     return final
+
+
+def _writer_alive(tmp: str) -> bool:
+    """A temporary file whose writer (pid in its name) still runs belongs to a dump in progress."""
+    try:
+        pid = int(tmp.rsplit(".", 2)[-2])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except OSError:
+        return True  # exists, but not ours to signal
+    return pid != os.getpid()
+
+
+def joined() -> bool:
+    """This process has joined a process group (is a rank, not just a process that inherited RANK)."""
+    try:
+        return bool(dist.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def read_dump(path: str) -> dict[str, Any]:

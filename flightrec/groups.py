@@ -9,6 +9,7 @@ recorded op explains is one or more C++ collectives.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch.distributed as dist
@@ -47,6 +48,18 @@ class GroupState:
             self.read_seq = _no_sequence_number
             return -1
 
+    def continue_from(self, previous: GroupState) -> None:
+        """A new group under a name PyTorch reused: number on from the destroyed one's counters."""
+        self.coll_seq += previous.coll_seq
+        for mine, theirs in ((self.sent, previous.sent), (self.received, previous.received)):
+            for peer, count in theirs.items():
+                mine[peer] = mine.get(peer, 0) + count
+
+    def release(self) -> None:
+        """Drop the ProcessGroup (destroyed): nothing of ours may keep its sockets alive."""
+        self.pg = None
+        self.read_seq = _no_sequence_number
+
     def global_rank(self, group_rank: int) -> int:
         if 0 <= group_rank < len(self.ranks):
             return self.ranks[group_rank]
@@ -81,31 +94,77 @@ def describe_group(pg: Any) -> GroupState | None:
 
 
 class GroupRegistry:
-    """Groups keyed by ProcessGroup object; non-members are remembered as None."""
+    """Groups keyed by ProcessGroup object; non-members are remembered as None.
 
-    def __init__(self) -> None:
+    A destroyed group is let go at once (`destroy_process_group` is wrapped): holding its
+    ProcessGroup keeps its sockets open, and PyTorch reuses group names (hashed names of
+    `use_local_synchronization`, or "0", "1", ... after a full re-init), so a kept-alive group makes
+    the next group of that name hang in its rendezvous. What stays is its table row (for entries
+    still in the ring) and its counters: a later group of the same name continues the numbering,
+    so (group, seq) stays unique and identical on every member.
+    """
+
+    def __init__(self, max_retired: int = 1024) -> None:
         self.by_pg: dict[Any, GroupState | None] = {}
+        self.retired: dict[str, GroupState] = {}  # by name, oldest first, at most max_retired
+        self.max_retired = max_retired
+        # taken only on a miss (a group seen for the first time) and by discover(): the training
+        # thread and the watchdog must not both describe one group and inherit its counters twice
+        self._lock = threading.RLock()
 
     def get(self, pg: Any) -> GroupState | None:
         try:
             return self.by_pg[pg]
         except KeyError:
+            pass
+        with self._lock:
+            if pg in self.by_pg:
+                return self.by_pg[pg]
             state = describe_group(pg)
+            if state is not None:
+                previous = self.retired.pop(state.name, None)
+                if previous is not None:
+                    state.continue_from(previous)
             self.by_pg[pg] = state
             return state
 
     def known(self) -> list[GroupState]:
         return [g for g in list(self.by_pg.values()) if g is not None]
 
+    def table(self) -> list[dict[str, object]]:
+        """Rows of live groups, then of destroyed ones whose entries may still be in the ring."""
+        live = [g.table_row() for g in self.known()]
+        names = {row["name"] for row in live}
+        return live + [g.table_row() for g in list(self.retired.values()) if g.name not in names]
+
     def discover(self) -> None:
-        """Register every group this process created (C++ ops can run on groups Python never used)."""
-        try:
-            pgs = list(dist.distributed_c10d._world.pg_map.keys())
-        except Exception:  # noqa: BLE001 - changing under us; next tick
+        """Register every group this process created (C++ ops can run on groups Python never used),
+        and let go of the destroyed ones."""
+        with self._lock:
+            try:
+                alive = dist.distributed_c10d._world.pg_map
+                pgs = list(alive.keys())
+            except Exception:  # noqa: BLE001 - changing under us; next tick
+                return
+            for pg in pgs:
+                if pg not in self.by_pg:
+                    try:
+                        self.get(pg)
+                    except Exception:  # noqa: BLE001 - destroyed while we looked: retired below
+                        pass
+            del pgs
+            for pg in [pg for pg in list(self.by_pg) if pg not in alive]:
+                self._retire(pg)
+
+    def _retire(self, pg: Any) -> None:
+        state = self.by_pg.pop(pg, None)
+        if state is None:
             return
-        for pg in pgs:
-            if pg not in self.by_pg:
-                self.get(pg)
+        state.release()
+        self.retired.pop(state.name, None)
+        self.retired[state.name] = state
+        while len(self.retired) > self.max_retired:
+            del self.retired[next(iter(self.retired))]
 
     def live(self) -> list[GroupState]:
         """Known groups that still exist (a destroyed group must not be asked for its counter)."""
@@ -117,3 +176,4 @@ class GroupRegistry:
 
     def clear(self) -> None:
         self.by_pg.clear()
+        self.retired.clear()

@@ -151,11 +151,14 @@ def _coalescing_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable
     return wrapper
 
 
-_GROUP_CREATORS = ("init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
+# Creators register their groups at once; destroy_process_group lets go of them at once (groups.py).
+_GROUP_CREATORS = ("init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
+                   "destroy_process_group")
 
 
 def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
-    """Register groups the moment they exist, so C++ ops on them are counted from their first one."""
+    """Register groups the moment they exist, so C++ ops on them are counted from their first one,
+    and release destroyed ones before the job can create the next."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,174 @@
+"""The recorder under faults, in real processes: it never harms the job and loses no dump."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import analyzers
+from tests.helpers import entries, load_dump, run_ranks, wait_for
+from tests.reliability import workers
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+ENV.pop("FLIGHTREC", None)
+
+
+def _python(code: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**ENV, **env}, cwd=ROOT)
+
+
+KILLED_MID_WRITE = """
+import os, sys, time
+import torch, torch.distributed as dist
+import flightrec, flightrec.dumper as dumper
+flightrec.enable(dir=sys.argv[1], timeout_s=60)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+for _ in range(3):
+    dist.all_reduce(torch.ones(2))
+assert flightrec.dump("first")
+for _ in range(4):
+    dist.all_reduce(torch.ones(2))
+
+def stall(tmp):
+    with open(sys.argv[2], "w") as handle:
+        handle.write(tmp)
+    time.sleep(60)
+
+dumper.before_rename = stall
+flightrec.dump("second")
+"""
+
+
+def test_kill_9_between_write_and_rename_keeps_the_previous_dump(tmp_path: Path) -> None:
+    out, marker = tmp_path / "dumps", tmp_path / "in-window"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(out), str(marker)], env=ENV, cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(marker.exists, 60), proc.stderr.read() if proc.poll() is not None else "no window"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    tmp = Path(marker.read_text())
+    assert tmp.exists() and tmp.name.startswith(".rank-00000.json.gz.")  # the new dump, complete but unnamed
+    first = load_dump(out, 0)
+    assert first["reason"] == "api:first" and len(entries(first)) == 3  # the previous dump, intact
+    report = analyzers.load(out).report()  # the analyzer never reads the leftover
+    assert report["ranks"]["dumped"] == [0] and not report["unreadable_files"]
+    # the next process of that rank removes the leftover of the dead writer
+    again = _python("import sys, torch.distributed as dist, flightrec\n"
+                    "flightrec.enable(dir=sys.argv[1])\n"
+                    "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+                    "assert flightrec.dump('third')\n".replace("sys.argv[1]", repr(str(out))))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["rank-00000.json.gz"]
+
+
+DUMPING_IN_A_LOOP = """
+import sys, torch, torch.distributed as dist, flightrec
+flightrec.enable(dir=sys.argv[1], buffer=20000, stacks=True)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+for _ in range(20000):
+    dist.all_reduce(torch.ones(2))
+print("ready", flush=True)
+while True:
+    flightrec.dump("loop")
+"""
+
+
+def test_kill_9_at_random_moments_of_big_dumps_never_leaves_a_broken_file(tmp_path: Path) -> None:
+    """No test hook: SIGKILL lands wherever the loop of ~1 MB dumps happens to be."""
+    out = tmp_path / "dumps"
+    proc = subprocess.Popen([sys.executable, "-c", DUMPING_IN_A_LOOP, str(out)], env=ENV, cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert wait_for(lambda: (out / "rank-00000.json.gz").exists(), 30)
+        time.sleep(1.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    dump = load_dump(out, 0)  # always a whole dump, never a torn one
+    assert len(entries(dump)) == 20000
+    assert analyzers.load(out).report()["ranks"]["dumped"] == [0]
+
+
+def test_full_read_only_and_missing_folder(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    out, result = tmp_path / "dumps", str(tmp_path / "result")
+    run_ranks(workers.broken_folder, 2, str(out), result, timeout_s=90)
+    err = capfd.readouterr().err
+    for rank in range(2):
+        report = json.loads(Path(f"{result}.{rank}").read_text())
+        assert report["sigxfsz"], "SIGXFSZ must stay ignored, or a full disk would kill the job"
+        for phase in ("full", "read_only"):
+            assert report[phase]["failed"] == [None, None, None], (phase, report[phase])
+            assert report[phase]["later"], f"{phase}: no dump once repaired"
+        assert all(report["missing"]["failed"]), "a deleted folder is recreated by the next dump"
+        # nothing recorded while dumps failed was lost: the last dump holds every op since
+        dump = load_dump(out, rank)
+        assert dump["reason"] == "api:missing-later"
+        ops = [e for e in entries(dump) if e["op"] == "all_reduce"]
+        assert len(ops) == report["missing"]["ops"] == 3 * 17
+        assert [e["seq"] for e in entries(dump) if e["group"] == "0"] == list(range(1, len(entries(dump)) + 1))
+        assert any("could not write a dump" in text for text in dump["recorder_errors"])
+    # one warning per rank for all eight failed attempts, not one per attempt
+    assert err.count("could not write a dump") == 2, err[-3000:]
+    assert "Traceback" not in err
+
+
+def test_store_host_death_every_survivor_dumps_on_its_own_timeout(tmp_path: Path) -> None:
+    result = str(tmp_path / "result")
+    codes = run_ranks(workers.store_host_dies, 3, str(tmp_path), result, timeout_s=90, allow_failure=True)
+    assert codes == [-signal.SIGKILL, 0, 0], codes
+    for rank in (1, 2):
+        first = json.loads(Path(f"{result}.{rank}").read_text())
+        dump = first["dump"]
+        assert dump["reason"] == "timeout", dump["reason"]
+        # the timeout (1 s), plus at most one store call the watchdog was in when the host died
+        assert first["after_s"] < 1.0 + 7.0 + 3.0, first["after_s"]
+        stuck = [e for e in entries(dump) if e["state"] == "started"]
+        assert [(e["op"], e["peer"]) for e in stuck] == [("recv", 3 - rank)]
+    report = analyzers.load(tmp_path).report()
+    assert report["ranks"]["dumped"] == [1, 2] and 0 in report["ranks"]["missing"]
+
+
+def test_threads_thousands_of_groups_and_reused_group_names(tmp_path: Path) -> None:
+    threads, per_thread, many, cycles = 4, 150, 300, 40
+    result = str(tmp_path / "result")
+    run_ranks(workers.threads_and_groups, 2, str(tmp_path), result, threads, per_thread, many, cycles,
+              timeout_s=180)
+    dumps = [load_dump(tmp_path, r) for r in range(2)]
+    stats = [json.loads(Path(f"{result}.{r}").read_text()) for r in range(2)]
+    sigs = []
+    for dump, stat in zip(dumps, stats, strict=True):
+        rows = entries(dump)
+        by_group: dict[str, list[int]] = {}
+        for row in rows:
+            if row["kind"] == "coll":
+                by_group.setdefault(row["group"], []).append(row["seq"])
+        assert all(seq == list(range(1, len(seq) + 1)) for seq in by_group.values()), "seq gap or repeat"
+        per_group = sorted(len(seq) for seq in by_group.values())
+        assert per_group.count(per_thread) >= threads  # every thread's group, whole
+        # the reused name (one per cycle, same hash) numbers on: 2 ops per cycle, no restart
+        others = [seq for name, seq in by_group.items() if name != "0" and len(seq) not in (1, per_thread)]
+        assert others == [list(range(1, 2 * cycles + 1))], others
+        assert all(row["state"] == "completed" for row in rows)
+        sigs.append(sorted((row["group"], row["seq"], row["op"]) for row in rows if row["kind"] == "coll"))
+        # registry: one row per live group; destroyed ones let go (their sockets too), rows bounded
+        assert stat["live_after_many"] == 1 + threads + many
+        assert stat["live_at_end"] == 1 + threads + many and stat["retired"] == 1
+        assert stat["pending"] == 0
+    assert sigs[0] == sigs[1]  # the same collectives at the same positions on both ranks
+    report = analyzers.load(tmp_path).report()
+    assert report["verdict"] == "healthy", report["root_causes"]
+    print(f"\n{many} process groups created in {stats[0]['created_s']:.1f}s (gloo, lazy init)")
