@@ -19,6 +19,7 @@ from .causes import CauseResult, build_graph, find_causes
 from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
 from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
+from .memory import release_free_memory
 from .rankdump import RankDump
 from .stragglers import SlowResult, find_slow
 from .textutil import plural, ranges
@@ -86,14 +87,18 @@ class Analysis:
 
     @cached_property
     def _matched(self) -> MatchResult:
-        return match(self.entries, self.members)
+        result = match(self.entries, self.members)
+        release_free_memory()  # the per-position temporaries: millions of rows at scale
+        return result
 
     @cached_property
     def _waits(self) -> WaitResult:
         m = self._matched
-        return find_waits(
+        result = find_waits(
             self.entries, m.positions, self.members, self.dumps, self._absent_code, m.culprits, self._known_groups
         )
+        release_free_memory()
+        return result
 
     @cached_property
     def graph(self) -> nx.DiGraph:

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .memory import release_free_memory
+
 CATEGORY_COLUMNS = (
     "group",
     "kind",
@@ -239,6 +241,8 @@ def concat_entries(parts: Sequence[Columns], consume: bool = False) -> pd.DataFr
         else:
             data[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         del pieces
+        if consume:
+            release_free_memory()  # the pieces just freed are small heap blocks: hand their pages back
     # copy=False: the columns are fresh, and consolidating them into 2-D blocks would copy them all once more
     return pd.DataFrame(data, columns=list(ENTRY_COLUMNS), copy=False)
 
