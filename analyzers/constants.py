@@ -88,3 +88,7 @@ TORCH_DTYPE_NAMES = {
     "Float8_e4m3fn": "float8_e4m3fn",
     "Float8_e5m2": "float8_e5m2",
 }
+
+# More ranks than any real job: a dump or file name claiming a rank or world size beyond this is
+# rejected, since the analysis ranges over ranks (a fuzzed world_size of 2**63 hung it).
+MAX_RANKS = 1 << 20

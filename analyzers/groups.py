@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from .constants import MAX_RANKS
 from .rankdump import FileProblem, RankDump
 from .textutil import ranges
 
@@ -91,7 +92,8 @@ def _world_size(
     dumps: dict[int, RankDump], recorded: dict[str, Counter[tuple[int, ...]]], problems: list[FileProblem], notes: list[str]
 ) -> tuple[int, bool]:
     """The world size, and whether a dump recorded it (rather than it being inferred from names)."""
-    sizes = {int(d.meta["world_size"]) for d in dumps.values() if isinstance(d.meta.get("world_size"), int) and d.meta["world_size"] > 0}
+    sizes = {int(d.meta["world_size"]) for d in dumps.values()
+             if isinstance(d.meta.get("world_size"), int) and 0 < d.meta["world_size"] < MAX_RANKS}
     if sizes:
         if len(sizes) > 1:
             notes.append(f"dumps disagree about the world size ({', '.join(map(str, sorted(sizes)))}); used the largest")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import read_flightrec, read_torch_fr, safe_pickle
-from .constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE
+from .constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
 from .rankdump import DumpError, FileProblem, RankDump
 
 try:  # optional: 2-3x faster than the standard library on big dumps; same results
@@ -37,7 +37,8 @@ def rank_from_name(name: str) -> int | None:
         m = FLIGHTREC_NAME.match(name)
     else:
         m = TRAILING_RANK.search(name)
-    return int(m.group(1)) if m else None
+    rank = int(m.group(1)) if m else None
+    return rank if rank is not None and rank < MAX_RANKS else None  # a date or an id, not a rank
 
 
 def read_path(path: str) -> RankDump | FileProblem:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .columns import dtype_text, finish_columns, text_column
-from .constants import FMT_FLIGHTREC, SUPPORTED_FLIGHTREC_SCHEMA, TORCH_DTYPE_NAMES
+from .constants import FMT_FLIGHTREC, MAX_RANKS, SUPPORTED_FLIGHTREC_SCHEMA, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 from .read_torch_fr import parse_pg_status
 
@@ -55,9 +55,16 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
         if rank_hint is None:
             raise DumpError(f"dump has rank {rank!r} and the file name names no rank")
         rank = rank_hint
+    world = obj.get("world_size")
+    for what, value in (("rank", rank), ("world_size", world)):
+        if isinstance(value, int) and value >= MAX_RANKS:
+            raise DumpError(f"implausible {what} {str(value)[:24]} (more than {MAX_RANKS} ranks)")
     cols = obj.get("entries")
     if not isinstance(cols, dict):
         raise DumpError("`entries` is not an object of columns")
+    not_lists = [str(k) for k, v in cols.items() if not isinstance(v, list)]
+    if not_lists:
+        raise DumpError(f"entries column(s) {', '.join(not_lists[:5])[:120]} are not arrays")
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]
     n = len(cols.get("id") or [])
     if missing and n:
@@ -111,6 +118,8 @@ def _dtypes(text: str) -> str:
 def _group(g: dict[str, Any]) -> GroupInfo:
     ranks = g.get("ranks")
     members = tuple(int(r) for r in ranks) if isinstance(ranks, list) and ranks else None
+    if members and not all(0 <= r < MAX_RANKS for r in members):
+        raise DumpError(f"group {str(g['name'])[:40]!r} has implausible member ranks")
     return GroupInfo(name=str(g["name"]), desc=str(g.get("desc") or ""), backend=str(g.get("backend") or ""), ranks=members)
 
 

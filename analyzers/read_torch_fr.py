@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .columns import dtype_text, finish_columns, text_column
-from .constants import COMPLETED, ENQUEUED, STARTED, TORCH_DTYPE_NAMES
+from .constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 
 PROFILING_NAME = (
@@ -249,7 +249,7 @@ def _parse_ranks(value: Any) -> tuple[int, ...] | None:
             value = json.loads(value)
         except ValueError:
             return None
-    if isinstance(value, list) and value and all(isinstance(r, int) for r in value):
+    if isinstance(value, list) and value and all(isinstance(r, int) and 0 <= r < MAX_RANKS for r in value):
         return tuple(value)
     return None
 
