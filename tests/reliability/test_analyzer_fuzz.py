@@ -28,7 +28,7 @@ from analyzers import safe_pickle
 from analyzers.cli import analyze_command
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
-EXAMPLES = int(os.environ.get("FLIGHTREC_FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("FLIGHTREC_FUZZ_EXAMPLES", "250"))
 HANG_S = 10
 MARKER = Path(tempfile.gettempdir()) / f"flightrec-fuzz-pwned-{os.getpid()}"  # created only if a pickle ran code
 
