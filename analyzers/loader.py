@@ -52,12 +52,13 @@ class Dataset:
 
 
 def discover(folder: Path) -> list[Path]:
-    """Dump candidates: regular, non-hidden files directly in `folder` (recorder temp files skipped)."""
+    """Dump candidates: non-hidden entries directly in `folder` but folders (recorder temp files skipped);
+    links, pipes and devices are listed so that the reader can say why it skips them."""
     if not folder.exists():
         raise UnusableInput(f"{folder}: no such folder")
     if not folder.is_dir():
         raise UnusableInput(f"{folder}: not a folder")
-    files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")]
+    files = [p for p in sorted(folder.iterdir()) if not p.is_dir() and not p.name.startswith(".") and not p.name.endswith(".tmp")]
     if not files:
         raise UnusableInput(f"{folder}: empty folder, no dump files")
     return files

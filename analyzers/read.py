@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import re
+import stat
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +67,10 @@ def read_with(name: str, fetch: Callable[[], bytes]) -> RankDump | FileProblem:
 
 
 def _file_bytes(path: str) -> bytes:
+    mode = os.stat(path).st_mode  # follows links; a FIFO would block and /dev/zero never ends: never opened
+    if not stat.S_ISREG(mode):
+        kind = "named pipe" if stat.S_ISFIFO(mode) else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
+        raise DumpError(f"not a regular file ({kind}); not read")
     with open(path, "rb") as fh:
         return fh.read()
 

@@ -39,9 +39,12 @@ def test_thousands_of_foreign_files_links_and_special_files(tmp_path: Path) -> N
     skipped = {u["file"]: u for u in report["unreadable_files"]}
     assert len([f for f in skipped if f.startswith("notes-")]) == 3000
     assert skipped["photo_20240101"]["rank"] is None and skipped["photo_20240101"]["reason"].startswith("not a dump")
-    # special files are never opened; the link to a dump is one more copy of rank 1
-    for name in ("rank-00005.json.gz", "loop", "rank-00006.json.gz", "rank-00007.json.gz", "subdir"):
-        assert name not in skipped
-    assert report["ranks"]["unreadable"] == []
+    # special files are named and never opened; the link to a dump is one more copy of rank 1
+    assert skipped["rank-00006.json.gz"]["reason"] == "not a regular file (device); not read"
+    assert skipped["rank-00007.json.gz"]["reason"] == "not a regular file (named pipe); not read"
+    assert skipped["rank-00005.json.gz"]["reason"].startswith("cannot read file")  # dangling
+    assert skipped["loop"]["reason"].startswith("cannot read file")
+    assert "subdir" not in skipped and "rank-00001-copy.json.gz" not in skipped
+    assert report["ranks"]["unreadable"] == [5, 6, 7]
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("flightrec: skipped ")]
     assert len(lines) == len(skipped)  # one line per file skipped
