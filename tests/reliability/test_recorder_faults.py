@@ -172,3 +172,50 @@ def test_threads_thousands_of_groups_and_reused_group_names(tmp_path: Path) -> N
     report = analyzers.load(tmp_path).report()
     assert report["verdict"] == "healthy", report["root_causes"]
     print(f"\n{many} process groups created in {stats[0]['created_s']:.1f}s (gloo, lazy init)")
+
+
+NO_SPACE = """
+import os, sys
+import torch, torch.distributed as dist
+import flightrec
+folder, filler = sys.argv[1], sys.argv[2]
+assert flightrec.enable(dir=folder, timeout_s=60)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+results = []
+for attempt in range(3):
+    for _ in range(5):
+        dist.all_reduce(torch.ones(2))
+    results.append(flightrec.dump(f"full-{attempt}"))
+os.unlink(filler)  # space freed
+dist.all_reduce(torch.ones(2))
+results.append(flightrec.dump("freed"))
+print(results)
+"""
+
+
+def test_a_really_full_disk(tmp_path: Path) -> None:
+    """ENOSPC from a 256 KiB tmpfs, where the machine lets root mount one (skipped elsewhere)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission in this container)")
+    try:
+        folder, filler = mount / "dumps", mount / "filler"
+        with open(filler, "wb", buffering=0) as handle:  # fill it up
+            try:
+                while True:
+                    handle.write(b"\0" * 4096)
+            except OSError:
+                pass
+        proc = _python(NO_SPACE.replace("sys.argv[1], sys.argv[2]", f"{str(folder)!r}, {str(filler)!r}"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own output
+        assert results[:3] == [None, None, None] and results[3], results
+        assert proc.stderr.count("could not write a dump") == 1, proc.stderr[-2000:]
+        assert "No space left" in proc.stderr
+        dump = load_dump(folder, 0)
+        assert dump["reason"] == "api:freed" and len(entries(dump)) == 16
+        assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # failed writes left nothing
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
