@@ -5,7 +5,8 @@ For each N (ranks) with E entries per rank: a synthetic job with an injected fau
 analysed in a child process: load time, analysis time, end to end (the child's whole life: start-up,
 imports, load, analysis), peak RSS, and whether the culprit was named. PyTorch's analyzer
 (`python -m torch.distributed.flight_recorder.fr_trace DIR`) runs on the pickles of the same job
-with a time limit and a memory cap; the ratio is taken within this run. Then: the time and size of
+with a time limit and a cap on the resident size of its processes (killed above it, so a run cannot
+exhaust a shared machine); the ratio is taken within this run. Then: the time and size of
 one 2,000-entry dump written by flightrec's dumper for a real Recorder.
 
     python benchmarks/analyze_scale.py                       # 256, 1024, 4096, 16384 ranks x 2000
@@ -106,26 +107,44 @@ def measure(cmd: list[str], timeout: float, mem_gb: float | None = None, env: di
 def wrap_main(timeout: float, mem_gb: float, cmd: list[str]) -> int:
     """Child side of `measure`: runs cmd in its own process group, reports JSON on stderr's last line."""
 
-    def limit() -> None:
-        os.setsid()
-        if mem_gb > 0:
-            cap = int(mem_gb * 2**30)
-            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, preexec_fn=limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timed_out = False
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    wall = time.perf_counter() - start
-    sys.stdout.write(out or "")
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, text=True)
+        timed_out = over = False
+        while proc.poll() is None:  # the cap is on the resident size of the whole process group
+            if time.perf_counter() - start > timeout:
+                timed_out = True
+            elif mem_gb > 0 and _group_rss_gb(proc.pid) > mem_gb:
+                over = True
+            if timed_out or over:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(0.1)
+        wall = time.perf_counter() - start
+        log.seek(0)
+        out = log.read()
+    sys.stdout.write(out + ("\nMemoryError: resident size over the cap\n" if over else ""))
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    sys.stderr.write("\n" + json.dumps({"rc": proc.returncode, "wall_s": wall, "rss_gb": rss, "timed_out": timed_out}) + "\n")
+    sys.stderr.write("\n" + json.dumps({"rc": proc.returncode, "wall_s": wall, "rss_gb": rss, "timed_out": timed_out,
+                                        "over_cap": over}) + "\n")
     return 0
+
+
+def _group_rss_gb(pgid: int) -> float:
+    """Resident size of every process in a process group (from /proc), GB."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # field 5 of stat: the process group
+                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss in pages
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 2**30
 
 
 def prepare(ranks: int, entries: int, fault: str, data: str, pp: int | None) -> tuple[str, str, float]:
@@ -144,7 +163,8 @@ def run_flightrec(folder: str, ranks: int, fault: str, pp: int | None, mem_gb: f
     try:
         inner = json.loads(m["stdout"].strip().splitlines()[-1])
     except (IndexError, ValueError, KeyError):
-        why = "out of memory (cap)" if m.get("rc") else m.get("error", "no output")
+        why = f"resident size over the {mem_gb:.0f} GB cap" if m.get("over_cap") else (
+            "out of memory" if "MemoryError" in m.get("stdout", "") else m.get("error", "no output"))
         return {"error": f"{why}; rc={m.get('rc')}, {m['wall_s']:.0f} s, peak RSS {m.get('rss_gb', float('nan')):.1f} GB",
                 "wall_s": m["wall_s"]}
     inner["end_to_end_s"] = m["wall_s"]
@@ -219,8 +239,8 @@ def main() -> int:
     p.add_argument("--fault", default="stall")
     p.add_argument("--data", default=os.path.join(ROOT, ".bench-data"))
     p.add_argument("--torch-timeout", type=float, default=600.0)
-    p.add_argument("--torch-mem-gb", type=float, default=14.0, help="address-space cap for PyTorch's analyzer")
-    p.add_argument("--flightrec-mem-gb", type=float, default=14.0, help="address-space cap per analyzer process")
+    p.add_argument("--torch-mem-gb", type=float, default=16.0, help="resident-size cap for PyTorch's analyzer (GB)")
+    p.add_argument("--flightrec-mem-gb", type=float, default=16.0, help="resident-size cap for flightrec's analyzer (GB)")
     p.add_argument("--tpdp-sizes", default="256,1024",
                    help="also compare on a TP x DP layout without pipeline p2p (PyTorch's analyzer matches it fully)")
     p.add_argument("--no-torch", action="store_true")
