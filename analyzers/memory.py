@@ -19,11 +19,16 @@ from typing import Any
 def _libc() -> Any:
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
+    # "libc.so.6" first: find_library forks ldconfig, and a fork of a big process is a big child
+    # (its inherited high-water mark even shows in RUSAGE_CHILDREN)
+    for name in ("libc.so.6", ctypes.util.find_library("c")):
+        try:
+            libc = ctypes.CDLL(name) if name else None
+        except OSError:
+            continue
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            return libc
+    return None
 
 
 def release_free_memory() -> None:
