@@ -21,8 +21,9 @@ def _libc() -> Any:
         return None
     # "libc.so.6" first: find_library forks ldconfig, and a fork of a big process is a big child
     # (its inherited high-water mark even shows in RUSAGE_CHILDREN)
-    for name in ("libc.so.6", ctypes.util.find_library("c")):
+    for find in (lambda: "libc.so.6", lambda: ctypes.util.find_library("c")):
         try:
+            name = find()
             libc = ctypes.CDLL(name) if name else None
         except OSError:
             continue
