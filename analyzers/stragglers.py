@@ -35,31 +35,46 @@ class SlowResult:
     notes: list[str] = field(default_factory=list)
 
 
+def _ints(series: pd.Series, missing: int = -1) -> np.ndarray:
+    return series.to_numpy(dtype="int64", na_value=missing)
+
+
 def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     """Completed blocking ops with timing, each with the compute gap before it on its own rank.
 
     The gap (enqueue minus the latest completion of the rank's earlier blocking ops, one clock) is
     the time the rank spent on its own work before arriving: what can make it late by itself.
+    Built from numpy columns: at 16k ranks this table has tens of millions of rows.
     """
-    ops = entries[
-        entries["kind"].isin(["coll", "p2p"]) & (entries["state"] == "completed") & ~entries["is_async"].astype(bool)
-        & entries["t_enqueue_ns"].notna() & entries["t_complete_ns"].notna() & (entries["seq"] >= 0)
-    ]
-    cols = ["rank", "group", "seq", "kind", "op", "t_enqueue_ns", "t_complete_ns"]
-    ops = ops[cols + (["peer"] if "peer" in ops.columns else [])].copy()
-    if "peer" not in ops.columns:
-        ops["peer"] = -1
-    ops["group"] = ops["group"].astype(str)
-    ops["kind"] = ops["kind"].astype(str)
-    ops["op"] = ops["op"].astype(str)
-    ops["t_enqueue_ns"] = ops["t_enqueue_ns"].astype("int64")
-    ops["t_complete_ns"] = ops["t_complete_ns"].astype("int64")
-    ops = ops.sort_values(["rank", "t_enqueue_ns"], kind="stable")
-    busy_until = ops.groupby("rank")["t_complete_ns"].cummax().groupby(ops["rank"]).shift(1)
-    gap = ops["t_enqueue_ns"] - busy_until  # NaN for a rank's first op: unknown
+    is_coll, is_p2p = (entries["kind"] == "coll").to_numpy(), (entries["kind"] == "p2p").to_numpy()
+    enq, comp = _ints(entries["t_enqueue_ns"]), _ints(entries["t_complete_ns"])
+    timed = entries["t_enqueue_ns"].notna().to_numpy() & entries["t_complete_ns"].notna().to_numpy()
+    mask = ((is_coll | is_p2p) & (entries["state"] == "completed").to_numpy()
+            & ~entries["is_async"].to_numpy(dtype=bool, na_value=False) & timed & (_ints(entries["seq"]) >= 0))
+    ops = pd.DataFrame({
+        "rank": _ints(entries["rank"])[mask],
+        "group": entries["group"].astype("category").array[mask],
+        "seq": _ints(entries["seq"])[mask],
+        "kind": pd.Categorical(np.where(is_coll[mask], "coll", "p2p")),
+        "op": entries["op"].astype("category").array[mask],
+        "peer": _ints(entries["peer"])[mask] if "peer" in entries.columns else np.full(int(mask.sum()), -1),
+        "t_enqueue_ns": enq[mask], "t_complete_ns": comp[mask],
+    })
+    ops["group"] = ops["group"].astype("category")
+    ops["group"] = ops["group"].cat.rename_categories([str(c) for c in ops["group"].cat.categories])
+    order = np.lexsort((ops["t_enqueue_ns"].to_numpy(), ops["rank"].to_numpy()))
+    ops = ops.iloc[order].reset_index(drop=True)
+    rank = ops["rank"].to_numpy()
+    busy = ops.groupby("rank", sort=False)["t_complete_ns"].cummax().to_numpy().astype("float64")
+    before = np.empty_like(busy)
+    before[0:1] = np.nan
+    before[1:] = busy[:-1]
+    if len(rank):
+        before[np.flatnonzero(np.diff(rank)) + 1] = np.nan  # a rank's first op: gap unknown
+    gap = pd.Series(ops["t_enqueue_ns"].to_numpy() - before)
     # Back-to-back ops (a receive then a send) have no compute between them: such an op is
     # preceded by the rank's latest real compute, so that is the gap it is judged by.
-    ops["gap_ns"] = gap.where(gap >= MIN_COMPUTE_NS).groupby(ops["rank"]).ffill().fillna(gap)
+    ops["gap_ns"] = gap.where(gap >= MIN_COMPUTE_NS).groupby(rank, sort=False).ffill().fillna(gap).to_numpy()
     ops["duration_ns"] = ops["t_complete_ns"] - ops["t_enqueue_ns"]
     return ops
 
@@ -67,23 +82,34 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
 def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
     """Ops keyed by the instance they belong to: (group, seq) for collectives, plus the pair for p2p.
 
-    Only complete instances count: every member of a collective, both sides of a transfer.
+    Only complete instances count: every member of a collective, both sides of a transfer. Keys
+    and channels are integer codes; channel labels are made once per channel, not per row.
     """
-    coll = ops[ops["kind"] == "coll"].copy()
-    coll["instance"] = "c" + coll["group"] + ":" + coll["seq"].astype(str)
-    coll["channel"] = coll["group"]
-    coll["members"] = coll.groupby("instance")["rank"].transform("size")
-    coll = coll[(coll["members"] == coll["group"].map(group_sizes).fillna(0).astype(int)) & (coll["members"] >= 2)]
-    p2p = ops[(ops["kind"] == "p2p") & ops["op"].isin(["send", "recv"]) & (ops["peer"] >= 0)].copy()
-    is_send = p2p["op"] == "send"
-    src = np.where(is_send, p2p["rank"], p2p["peer"]).astype("int64")
-    dst = np.where(is_send, p2p["peer"], p2p["rank"]).astype("int64")
-    p2p["instance"] = "p" + p2p["group"] + ":" + pd.Series(src, index=p2p.index).astype(str) + ">" \
-        + pd.Series(dst, index=p2p.index).astype(str) + ":" + p2p["seq"].astype(str)
-    p2p["channel"] = p2p["group"] + np.where(is_send, " send to ", " recv from ") + p2p["peer"].astype("int64").astype(str)
-    p2p["members"] = p2p.groupby("instance")["rank"].transform("size")
-    p2p = p2p[p2p["members"] == 2]
-    return pd.concat([coll, p2p], ignore_index=True).drop(columns=["members"])
+    is_send = (ops["op"] == "send").to_numpy()
+    is_p2p = (ops["kind"] == "p2p").to_numpy() & (is_send | (ops["op"] == "recv").to_numpy()) & (ops["peer"] >= 0).to_numpy()
+    ops = ops[(ops["kind"] == "coll").to_numpy() | is_p2p].reset_index(drop=True)
+    is_send = (ops["op"] == "send").to_numpy()
+    is_p2p = (ops["kind"] == "p2p").to_numpy()
+    rank, peer = ops["rank"].to_numpy(), ops["peer"].to_numpy()
+    group_code = ops["group"].cat.codes.to_numpy().astype("int64")
+    src = np.where(is_p2p, np.where(is_send, rank, peer), -1)
+    dst = np.where(is_p2p, np.where(is_send, peer, rank), -1)
+    keys = pd.DataFrame({"p": is_p2p, "g": group_code, "s": src, "d": dst, "q": ops["seq"].to_numpy()})
+    instance = keys.groupby(["p", "g", "s", "d", "q"], sort=False).ngroup().to_numpy()
+    members = np.bincount(instance)[instance]
+    sizes = np.array([group_sizes.get(str(g), 0) for g in ops["group"].cat.categories], dtype="int64")
+    expected = np.where(is_p2p, 2, sizes[group_code] if len(sizes) else 0)
+    keep = (members == expected) & (members >= 2)
+    direction = np.where(is_p2p, np.where(is_send, 1, 2), 0)
+    chan_keys = pd.DataFrame({"g": group_code, "k": direction, "peer": np.where(is_p2p, peer, -1)})
+    channel = chan_keys.groupby(["g", "k", "peer"], sort=False).ngroup().to_numpy()
+    first = pd.Series(np.arange(len(channel))).groupby(channel).first().to_numpy()
+    names = np.asarray(ops["group"].cat.categories.astype(str))
+    labels = [f"{names[group_code[i]]}" if direction[i] == 0 else
+              f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}" for i in first]
+    ops["instance"] = instance
+    ops["channel"] = pd.Categorical.from_codes(channel, categories=labels)  # one label per (group, direction, peer)
+    return ops[keep].reset_index(drop=True)
 
 
 def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
@@ -96,28 +122,33 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     stage draining) gets little of it; the slow rank gets all of it.
     """
     ops = _blocking_ops(entries)
+    empty = {"instance": pd.Series(dtype="int64"), "channel": pd.Series(dtype=str), "late_ns": pd.Series(dtype="int64"),
+             "own_late_ns": pd.Series(dtype="float64"), "last": pd.Series(dtype=bool)}
     if ops.empty:
-        return ops.assign(late_ns=pd.Series(dtype="int64"), own_late_ns=pd.Series(dtype="float64"),
-                          last=pd.Series(dtype=bool), instance=pd.Series(dtype=str), channel=pd.Series(dtype=str))
+        return ops.assign(**empty)
     done = _instances(ops, group_sizes)
     if done.empty:
-        return done.assign(late_ns=pd.Series(dtype="int64"), own_late_ns=pd.Series(dtype="float64"),
-                           last=pd.Series(dtype=bool))
-    by_instance = done.groupby("instance")
-    done["late_ns"] = by_instance["duration_ns"].transform("max") - done["duration_ns"]
-    done["last"] = done["duration_ns"] == by_instance["duration_ns"].transform("min")
-    excess = (done["gap_ns"] - by_instance["gap_ns"].transform("min")).clip(lower=0)
-    done["own_late_ns"] = np.minimum(done["late_ns"], excess.fillna(np.inf))
-    return done.reset_index(drop=True)
+        return done.assign(**{k: v for k, v in empty.items() if k not in done.columns})
+    instance = done["instance"].to_numpy()
+    duration = done["duration_ns"].to_numpy()
+    by_instance = pd.Series(duration).groupby(instance)
+    longest, shortest = by_instance.transform("max").to_numpy(), by_instance.transform("min").to_numpy()
+    done["late_ns"] = longest - duration
+    done["last"] = duration == shortest
+    gap = done["gap_ns"].to_numpy()
+    least_gap = pd.Series(gap).groupby(instance).transform("min").to_numpy()
+    excess = np.clip(gap - least_gap, 0, None)
+    done["own_late_ns"] = np.minimum(done["late_ns"].to_numpy(), np.where(np.isnan(excess), np.inf, excess))
+    return done
 
 
 def clock_offsets(lateness: pd.DataFrame, wall_offsets: dict[int, int]) -> dict[int, float]:
     """Each rank's clock relative to the others (ms), from when members left the same collective."""
     if lateness.empty or not wall_offsets:
         return {}
-    exits = lateness[["rank", "group", "seq", "t_complete_ns"]].copy()
+    exits = lateness[["rank", "instance", "t_complete_ns"]].copy()
     exits["wall"] = exits["t_complete_ns"].astype("int64") + exits["rank"].map(wall_offsets).fillna(0).astype("int64")
-    exits["dev"] = exits["wall"] - exits.groupby(["group", "seq"], observed=True)["wall"].transform("median")
+    exits["dev"] = exits["wall"] - exits.groupby("instance")["wall"].transform("median")
     return {int(r): round(float(v) / 1e6, 3) for r, v in exits.groupby("rank")["dev"].median().items()}
 
 
@@ -132,7 +163,7 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
     """
     vote = lateness["last"] & (lateness["own_late_ns"] >= 0.25 * lateness["late_ns"]) & (lateness["late_ns"] > 0)
     data = lateness.assign(vote=vote, credited=lateness["own_late_ns"].where(vote, 0.0))
-    per_channel = data.groupby(["rank", "channel"]).agg(
+    per_channel = data.groupby(["rank", "channel"], observed=True).agg(
         late_ns=("credited", "median"), votes=("vote", "sum"), n=("vote", "size")).reset_index()
     per_channel = per_channel[per_channel["n"] >= MIN_INSTANCES]
     if per_channel.empty:
@@ -147,7 +178,8 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
     per["score"] = (per["late_ms_median"] - center) / spread
     slow_channels = per_channel[(per_channel["late_ns"] / 1e6 >= MIN_LATE_MS) & (per_channel["vote_share"] >= MIN_VOTE_SHARE)]
     slow_channels = slow_channels.sort_values("late_ns", ascending=False)  # worst channel first
-    per["channels"] = slow_channels.groupby("rank", sort=False)["channel"].agg(list)
+    per["channels"] = slow_channels.assign(channel=slow_channels["channel"].astype(str)).groupby(
+        "rank", sort=False)["channel"].agg(list)
     per["channels"] = per["channels"].apply(lambda c: c if isinstance(c, list) else [])
     return per
 
@@ -171,6 +203,21 @@ def p2p_links(entries: pd.DataFrame) -> pd.DataFrame:
     return pairs.groupby(["src", "dst"]).agg(transfer_ms=("transfer_ms", "median"), count=("transfer_ms", "size")).reset_index()
 
 
+def _median_of_the_others(values: np.ndarray) -> np.ndarray:
+    """For each value, the median of all the other values (exact, one sort for all)."""
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    n = len(v)
+    position = np.empty(n, dtype="int64")
+    position[order] = np.arange(n)
+
+    def rest(j: int) -> np.ndarray:  # the j-th smallest value once each element is left out
+        return np.where(j < position, v[min(j, n - 1)], v[min(j + 1, n - 1)])
+
+    m = (n - 1) // 2
+    return rest(m) if (n - 1) % 2 else (rest(m - 1) + rest(m)) / 2
+
+
 def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: dict[int, int],
               members: dict[str, list[int]] | None = None) -> SlowResult:
     lateness = collective_lateness(entries, group_sizes)
@@ -178,13 +225,12 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     links = p2p_links(entries)
     result.link_matrix = links.pivot(index="src", columns="dst", values="transfer_ms") if len(links) else pd.DataFrame()
     if len(links) >= 2:
-        for row in links.itertuples(index=False):  # one row per rank pair, not per entry
-            others = links[(links["src"] != row.src) | (links["dst"] != row.dst)]["transfer_ms"]
-            ratio = row.transfer_ms / max(float(others.median()), 1e-3)
-            if ratio >= SLOW_LINK_RATIO and row.transfer_ms >= MIN_LATE_MS:
-                result.slow_links.append({"src": int(row.src), "dst": int(row.dst),
-                                          "transfer_ms_median": round(float(row.transfer_ms), 3),
-                                          "ratio": round(float(ratio), 2), "count": int(row.count)})
+        ratio = links["transfer_ms"].to_numpy() / np.maximum(_median_of_the_others(links["transfer_ms"].to_numpy()), 1e-3)
+        slow = links[(ratio >= SLOW_LINK_RATIO) & (links["transfer_ms"].to_numpy() >= MIN_LATE_MS)]
+        for row, r in zip(slow.itertuples(index=False), ratio[slow.index.to_numpy()], strict=True):  # only slow links
+            result.slow_links.append({"src": int(row.src), "dst": int(row.dst),
+                                      "transfer_ms_median": round(float(row.transfer_ms), 3),
+                                      "ratio": round(float(r), 2), "count": int(row.count)})
         result.slow_links.sort(key=lambda link: -link["ratio"])
     instances = int(lateness["instance"].nunique()) if len(lateness) else 0
     if instances < MIN_INSTANCES:
