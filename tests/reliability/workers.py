@@ -201,3 +201,23 @@ class WhoAmI(torch.utils.data.Dataset):
         watchdogs = sum(t.name == "flightrec-watchdog" for t in threading.enumerate())
         recorded = armed.recorder.ring.recorded if armed is not None else 0
         return torch.tensor([os.getpid(), int(armed is not None), watchdogs, recorded])
+
+
+def a_thousand_groups(rank: int, world_size: int, port: int, out: str, result: str, many: int, used: int) -> None:
+    """`many` live groups (gloo, lazy init), collectives on `used` of them; reports the registry size."""
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    from flightrec import control
+
+    began = time.monotonic()
+    lots = [dist.new_group([0, 1]) for _ in range(many)]
+    created_s = time.monotonic() - began
+    for i, g in enumerate(lots[:: max(1, many // used)]):
+        for _ in range(i % 3 + 1):  # 1, 2 or 3 ops: per-group numbering must follow each group
+            dist.all_reduce(torch.ones(1), group=g)
+    registry = control.current().recorder.groups
+    path = flightrec.dump("a-thousand-groups")
+    _save(f"{result}.{rank}", {"path": path, "created_s": created_s, "live": len(registry.known()),
+                               "pending": len(control.current().recorder.pending)})
+    dist.destroy_process_group()
