@@ -27,7 +27,7 @@ MIN_COMPUTE_NS = 100_000  # a gap between two blocking ops shorter than this is 
 
 @dataclass
 class SlowResult:
-    lateness: pd.DataFrame  # one row per (group, seq, rank) of complete blocking collectives
+    lateness: pd.DataFrame  # one row per member of each complete blocking collective or transfer
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     slow_links: list[dict[str, Any]] = field(default_factory=list)
     link_matrix: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -85,11 +85,10 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
     Only complete instances count: every member of a collective, both sides of a transfer. Keys
     and channels are integer codes; channel labels are made once per channel, not per row.
     """
-    is_send = (ops["op"] == "send").to_numpy()
-    is_p2p = (ops["kind"] == "p2p").to_numpy() & (is_send | (ops["op"] == "recv").to_numpy()) & (ops["peer"] >= 0).to_numpy()
-    ops = ops[(ops["kind"] == "coll").to_numpy() | is_p2p].reset_index(drop=True)
-    is_send = (ops["op"] == "send").to_numpy()
-    is_p2p = (ops["kind"] == "p2p").to_numpy()
+    is_send, is_p2p = (ops["op"] == "send").to_numpy(), (ops["kind"] == "p2p").to_numpy()
+    usable = ~is_p2p | ((is_send | (ops["op"] == "recv").to_numpy()) & (ops["peer"] >= 0).to_numpy())
+    ops = ops[usable].reset_index(drop=True)
+    is_send, is_p2p = is_send[usable], is_p2p[usable]
     rank, peer = ops["rank"].to_numpy(), ops["peer"].to_numpy()
     group_code = ops["group"].cat.codes.to_numpy().astype("int64")
     src = np.where(is_p2p, np.where(is_send, rank, peer), -1)
