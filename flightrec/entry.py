@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .stacks import site_frame
+
 STATES = ("enqueued", "started", "completed", "failed", "unknown")
 
 COLUMNS = (
@@ -55,7 +57,7 @@ class Entry:
         self.t_dev_start_ns: int | None = None
         self.t_dev_end_ns: int | None = None
         self.thread = ""
-        self.site: tuple[str, int, str] | None = None
+        self.site: Any = None  # (code, f_lasti) from stacks.call_site
         self.stack: list[tuple[str, int, str]] | None = None
         self.source = "python"
         self.work: Any = None  # the backend Work of an op that is not complete yet
@@ -70,6 +72,11 @@ def format_frame(frame: tuple[str, int, str] | None) -> str:
     if frame is None:
         return ""
     return f"{frame[0]}:{frame[1]} in {frame[2]}"
+
+
+def format_site(site: Any) -> str:
+    """A call site as kept on the hot path (code, offset), as `file:line in function`."""
+    return format_frame(site_frame(site))
 
 
 def tensor_meta(tensors: Any) -> tuple[tuple[Any, Any], ...]:
@@ -101,7 +108,7 @@ _DERIVED = {
     "in_dtypes": lambda e: _dtypes(e.inputs),
     "out_shapes": lambda e: _shapes(e.outputs),
     "out_dtypes": lambda e: _dtypes(e.outputs),
-    "site": lambda e: format_frame(e.site),
+    "site": lambda e: format_site(e.site),
     "stack": lambda e: None if e.stack is None else [format_frame(f) for f in e.stack],
 }
 

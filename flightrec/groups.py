@@ -22,7 +22,7 @@ def _no_sequence_number() -> int:
 class GroupState:
     __slots__ = (
         "pg", "name", "desc", "backend", "ranks", "rank_in_group", "coll_seq", "sent", "received",
-        "last_pg_seq", "busy", "read_seq",
+        "last_pg_seq", "busy", "read_seq", "steps",
     )
 
     def __init__(self, pg: Any, name: str, desc: str, backend: str, ranks: list[int], rank_in_group: int):
@@ -35,6 +35,7 @@ class GroupState:
         self.sent: dict[int, int] = {}
         self.received: dict[int, int] = {}
         self.busy = 0  # wrapped ops of this group in flight: their seq jumps are not C++ ops
+        self.steps: dict[str, list[int]] = {}  # api -> [counter step per call, calls in a row] (recorder)
         self.read_seq = pg._get_sequence_number_for_group  # the hot path calls this directly
         self.last_pg_seq = self.backend_seq()
         # Ops the group ran before we saw it are assumed to be collectives.

@@ -53,19 +53,22 @@ class OpSpec:
         """
         if len(names) != 7:
             raise ValueError("reader() reads exactly seven parameters")
-        absent = 1 << 30  # an index no call reaches: the value is the default
-        i0, i1, i2, i3, i4, i5, i6 = (self.positions.get(n, absent) if n else absent for n in names)
-        d0, d1, d2, d3, d4, d5, d6 = (self.defaults.get(n) if n else None for n in names)
+        indexes = [self.positions.get(n, -1) if n else -1 for n in names]
+        defaults = {f"d{i}": self.defaults.get(n) if n else None for i, n in enumerate(names)}
         arg = self.arg
-
-        def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-            if kwargs:
-                return tuple(arg(args, kwargs, n) if n else None for n in names)
-            n = len(args)
-            return (args[i0] if i0 < n else d0, args[i1] if i1 < n else d1, args[i2] if i2 < n else d2,
-                    args[i3] if i3 < n else d3, args[i4] if i4 < n else d4, args[i5] if i5 < n else d5,
-                    args[i6] if i6 < n else d6)
-
+        # One branch per positional-argument count, each a tuple of fixed indexes and defaults:
+        # generated because a generic reader's seven length checks cost as much as the rest of it.
+        lines = ["def read(args, kwargs):",
+                 "    if kwargs:",
+                 "        return tuple(arg(args, kwargs, n) if n else None for n in names)",
+                 "    n = len(args)"]
+        for count in range(max(indexes) + 2):
+            items = ", ".join(f"args[{i}]" if 0 <= i < count else f"d{k}" for k, i in enumerate(indexes))
+            lines.append(f"    if n == {count}:\n        return ({items})")
+        lines.append("    return tuple(arg(args, kwargs, n) if n else None for n in names)")
+        namespace: dict[str, Any] = {"arg": arg, "names": names, **defaults}
+        exec("\n".join(lines), namespace)  # noqa: S102 - source built above from parameter positions
+        read: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]] = namespace["read"]
         return read
 
 

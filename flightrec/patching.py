@@ -25,57 +25,87 @@ WRAPPED_MARK = "__flightrec_wrapped__"
 
 
 def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
-    tls = rec.tls
+    local = rec.local
     begin = rec.compile(spec)
     finish = rec.finish
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not rec.active or tls.in_leaf:
+        if not rec.active:
             return original(*args, **kwargs)
         try:
-            ctx = begin(args, kwargs)
+            tls = local.state
+        except AttributeError:
+            tls = rec.thread_state()
+        if tls.in_leaf:
+            return original(*args, **kwargs)
+        try:
+            ctx = begin(args, kwargs, tls)
         except Exception as exc:  # noqa: BLE001 - never let the recorder break the call
             log.warn_once(f"begin-{spec.api}", f"could not record {spec.api}: {exc!r}")
             ctx = None
         if ctx is None:
             return original(*args, **kwargs)
         entry = ctx[0]
-        # A blocking call on a device backend returns before the device ran it: issue it async and
-        # wait ourselves, so the Work (and its completion) is ours to follow.
-        on_device = entry.device != "cpu"
-        blocking_on_device = on_device and not entry.is_async and "async_op" in spec.positions
-        if blocking_on_device:
-            args, kwargs = _force_async(spec, args, kwargs)
-        if on_device:
-            rec.device_timing.before(entry)
+        if entry.device != "cpu":
+            return _call_on_device(rec, spec, original, ctx, tls, args, kwargs)
         tls.in_leaf = True
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
             tls.in_leaf = False
-            try:
-                if on_device:
-                    rec.device_timing.after(entry)
-                rec.fail(ctx[0], ctx[1], exc)
-            except Exception as inner:  # noqa: BLE001
-                log.warn_once("fail", f"could not record a failure: {inner!r}")
+            _record_failure(rec, ctx, exc)
             raise
         tls.in_leaf = False
-        if on_device:
-            rec.device_timing.after(entry)
         try:
             finish(entry, ctx[1], result)
         except Exception as exc:  # noqa: BLE001
             log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
-        if blocking_on_device:
-            if result is not None:
-                result.wait()
-            return None
         return result
 
     setattr(wrapper, WRAPPED_MARK, original)
     return wrapper
+
+
+def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], ctx: tuple[Any, Any],
+                    tls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A device op (NCCL, HCCL): timed with device events. A blocking call on a device backend
+    returns before the device ran it: it is issued async and waited for here, so the Work (and its
+    completion) is ours to follow."""
+    entry = ctx[0]
+    blocking = not entry.is_async and "async_op" in spec.positions
+    if blocking:
+        args, kwargs = _force_async(spec, args, kwargs)
+    rec.device_timing.before(entry)
+    tls.in_leaf = True
+    try:
+        result = original(*args, **kwargs)
+    except BaseException as exc:
+        tls.in_leaf = False
+        try:
+            rec.device_timing.after(entry)
+        except Exception as inner:  # noqa: BLE001
+            log.warn_once("device-after", f"could not time a failed device op: {inner!r}")
+        _record_failure(rec, ctx, exc)
+        raise
+    tls.in_leaf = False
+    try:
+        rec.device_timing.after(entry)
+        rec.finish(entry, ctx[1], result)
+    except Exception as exc:  # noqa: BLE001
+        log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
+    if blocking:
+        if result is not None:
+            result.wait()
+        return None
+    return result
+
+
+def _record_failure(rec: Recorder, ctx: tuple[Any, Any], exc: BaseException) -> None:
+    try:
+        rec.fail(ctx[0], ctx[1], exc)
+    except Exception as inner:  # noqa: BLE001
+        log.warn_once("fail", f"could not record a failure: {inner!r}")
 
 
 def _force_async(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -87,12 +117,14 @@ def _force_async(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 def _composite_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
     """APIs made of several backend ops: their inner calls are recorded under this API's name."""
-    tls = rec.tls
     is_batch = spec.api == "batch_isend_irecv"
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not rec.active or tls.in_leaf:
+        if not rec.active:
+            return original(*args, **kwargs)
+        tls = rec.thread_state()
+        if tls.in_leaf:
             return original(*args, **kwargs)
         previous_api = tls.api
         if previous_api is None:
@@ -115,14 +147,13 @@ def _composite_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]
 
 
 def _coalescing_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
-    tls = rec.tls
-
     @contextlib.contextmanager
     def wrapper(group: Any = None, device: Any = None, async_ops: bool = False) -> Iterator[Any]:
         if not rec.active:
             with original(group, device, async_ops) as cm:
                 yield cm
             return
+        tls = rec.thread_state()
         previous_api = tls.api
         if previous_api is None:
             tls.api = "coalescing_manager"

@@ -1,6 +1,7 @@
 """Fixed-size ring of recorded entries.
 
-Append is O(1) and lock-free (an atomic counter picks the slot); a reader takes a consistent
+Append is O(1) and lock-free (an atomic counter picks the slot; items carry the id they were
+given as `.id`); a reader takes a consistent
 snapshot by copying the slot list, which the GIL makes atomic, so the watchdog can read while
 training threads append.
 """
@@ -8,6 +9,7 @@ training threads append.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -35,15 +37,18 @@ class Ring(Generic[T]):
 
     @property
     def recorded(self) -> int:
-        """Entries ever appended (ids handed out)."""
-        return self._recorded
+        """Entries ever appended: one past the newest id stored (writers may fill a slot directly)."""
+        newest = max((getattr(item, "id", -1) for item in list(self._slots) if item is not None), default=-1)
+        return max(self._recorded, newest + 1)
 
     @property
     def dropped(self) -> int:
-        return max(0, self._recorded - self._capacity)
+        return max(0, self.recorded - self._capacity)
 
-    def next_id(self) -> int:
-        return next(self._ids)
+    @property
+    def next_id(self) -> Callable[[], int]:
+        """Hands out the next id, atomically (the hot path keeps this bound method)."""
+        return self._ids.__next__
 
     def put(self, record_id: int, item: T) -> None:
         """Store `item` under an id from `next_id`; overwrites the oldest slot once full."""

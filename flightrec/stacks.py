@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from types import FrameType
+from types import CodeType, FrameType
 
 import torch
 
@@ -17,18 +17,51 @@ _CONTEXTLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextl
 _SKIP = (_TORCH_DIST, _FLIGHTREC, _CONTEXTLIB)
 
 
-def call_site(depth: int = 2) -> Frame | None:
-    """The first frame outside torch.distributed and flightrec: where training code called us."""
+# id(code) -> (code, is ours): hashing a code object hashes its whole body (~0.5 µs), its id does
+# not; the entry keeps the code alive so an id is never reused while it is in the cache.
+_SKIP_BY_CODE: dict[int, tuple[CodeType, bool]] = {}
+_SKIP_CACHE_LIMIT = 65536  # code made at run time (exec in a loop) must not grow it forever
+
+Site = tuple[CodeType, int]  # (code, f_lasti): the line is looked up only when a dump is written
+
+
+def call_site(depth: int = 2) -> Site | None:
+    """The first frame outside torch.distributed and flightrec: where training code called us.
+
+    Kept raw on the hot path; `site_frame` turns it into (file, line, function) when needed.
+    """
     try:
         frame: FrameType | None = sys._getframe(depth)
     except ValueError:
         return None
+    cache = _SKIP_BY_CODE
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP):
-            return (filename, frame.f_lineno, frame.f_code.co_name)
+        code = frame.f_code
+        known = cache.get(id(code))
+        if known is None or known[0] is not code:
+            if len(cache) >= _SKIP_CACHE_LIMIT:
+                cache.clear()
+            known = cache[id(code)] = (code, code.co_filename.startswith(_SKIP))
+        if not known[1]:
+            return (code, frame.f_lasti)
         frame = frame.f_back
     return None
+
+
+def site_frame(site: Site | Frame | None) -> Frame | None:
+    """(file, line, function) of a call site kept by `call_site`."""
+    if site is None:
+        return None
+    code, lasti = site[0], site[1]
+    if not isinstance(code, CodeType):
+        return site  # type: ignore[return-value]  # already a frame tuple
+    line = code.co_firstlineno
+    for start, end, number in code.co_lines():
+        if start <= lasti < end:
+            if number is not None:
+                line = number
+            break
+    return (code.co_filename, line, code.co_name)
 
 
 def frames_of(frame: FrameType | None, limit: int = 64) -> list[Frame]:

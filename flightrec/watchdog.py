@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from . import log, torch_fr
-from .entry import Entry, format_frame
+from .entry import Entry, format_site
 from .recorder import Recorder
 from .settings import Settings
 from .signals import TermHandler
@@ -30,7 +30,7 @@ _STORE_POLL_EVERY_S = 1.0
 
 
 def describe(entry: Entry) -> str:
-    where = format_frame(entry.site)
+    where = format_site(entry.site)
     target = f" peer={entry.peer}" if entry.kind == "p2p" else ""
     return f"{entry.op} group={entry.group} seq={entry.seq}{target} at {where or '?'}"
 

@@ -90,6 +90,28 @@ def test_ddp_cpp_allreduces_are_recorded(tmp_path: Path) -> None:
     assert per_rank[0] == per_rank[1]
 
 
+def test_predicted_counter_steps_keep_cpp_ops_and_pg_seqs_exact(tmp_path: Path) -> None:
+    """Once the recorder predicts the backend counter instead of reading it after each call, a
+    collective issued from C++ between two Python ones is still recorded in its place, and every
+    entry keeps the counter value the backend gave it."""
+    run_ranks(workers.predicted_counter_steps, 2, str(tmp_path), timeout_s=90)
+    per_rank = []
+    for rank in range(2):
+        rows = [e for e in entries(load_dump(tmp_path, rank)) if e["group"] == "0"]
+        ops = [("c++" if e["source"] == "c++" else e["op"]) for e in rows]
+        reduces = [i for i, op in enumerate(ops) if op == "all_reduce"]
+        cpp = [i for i, op in enumerate(ops) if op == "c++"]
+        assert len(reduces) == 60 and len(cpp) == 3, ops
+        # after the 21st and 22nd Python all_reduce, and after the 46th
+        assert [sum(1 for i in reduces if i < c) for c in cpp] == [21, 22, 46]
+        colls = [e for e in rows if e["kind"] == "coll"]
+        assert [e["seq"] for e in colls] == list(range(colls[0]["seq"], colls[0]["seq"] + 63))
+        pg_seqs = [e["pg_seq"] for e in rows]  # gloo moves its counter once per op, p2p included
+        assert pg_seqs == list(range(pg_seqs[0], pg_seqs[0] + len(rows))), pg_seqs
+        per_rank.append([(e["seq"], e["op"] if e["source"] != "c++" else "c++") for e in colls])
+    assert per_rank[0] == per_rank[1]
+
+
 def test_disable_restores_everything() -> None:
     code = f"""
 import sys, signal

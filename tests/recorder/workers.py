@@ -176,3 +176,29 @@ def exit_while_store_call_in_flight(rank: int, world_size: int, port: int, out: 
     while os.path.exists(task) and time.monotonic() < gone_by:
         time.sleep(0.01)
     os._exit(5 if os.path.exists(task) else 0)
+
+
+def predicted_counter_steps(rank: int, world_size: int, port: int, out: str) -> None:
+    """Python all_reduces long enough for the recorder to predict the backend counter, with
+    collectives issued straight on the ProcessGroup (as C++ code does) in between."""
+    from flightrec.control import current
+    from flightrec.recorder import TRUST_AFTER
+
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    world = dist.group.WORLD
+    t = torch.ones(4)
+    for i in range(60):
+        dist.all_reduce(t)
+        if i in (20, 21, 45):
+            world.allreduce([t]).wait()  # not through torch.distributed: invisible to the wrappers
+        if i % 10 == 9:
+            peer = 1 - rank
+            if rank == 0:
+                dist.send(t, peer)
+            else:
+                dist.recv(t, peer)
+    state = current().recorder.groups.get(world)
+    assert state is not None and state.steps["all_reduce"][1] >= TRUST_AFTER, state.steps
+    flightrec.dump("predicted")
+    dist.destroy_process_group()
