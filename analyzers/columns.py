@@ -168,6 +168,37 @@ def dtype_text(text: str) -> str:
     return text.strip("[]").replace("'", "").replace('"', "").replace(" ", "")
 
 
+def decode_schema2(cols: dict[str, Any], n: int) -> Columns:
+    """Schema 2's dictionary-encoded columns (`{"values": [...], "codes": [...]}`) as `Coded`, or as
+    object arrays for the free-text columns; plain arrays pass through."""
+    out: Columns = {}
+    for name, raw in cols.items():
+        if not isinstance(raw, dict):
+            out[name] = raw
+            continue
+        values = raw["values"]
+        codes = np.asarray(raw["codes"], dtype=np.int64)
+        if codes.ndim != 1 or len(codes) != n:
+            raise ValueError(f"column {name!r} has {codes.size} codes for {n} entries")
+        if len(codes) and (int(codes.min()) < -1 or int(codes.max()) >= len(values)):
+            raise ValueError(f"column {name!r} has codes outside its {len(values)} values")
+        codes = codes.astype(np.int32)
+        if name in OBJECT_COLUMNS:
+            table = np.empty(len(values) + 1, dtype=object)
+            table[:-1] = values
+            out[name] = table[codes]  # code -1 picks the trailing None
+            continue
+        nulls = [i for i, v in enumerate(values) if v is None]
+        texts = [str(v) for v in values]
+        if nulls:  # a null listed among the values: its rows are missing
+            remap = np.arange(len(values) + 1, dtype=np.int32)
+            remap[nulls] = -1
+            remap[-1] = -1
+            codes = remap[codes]
+        out[name] = _dedupe(codes, texts)
+    return out
+
+
 def finish_columns(cols: Columns, rank: int) -> Columns:
     """Normalise one rank's columns to the table's types, filling absent ones with defaults."""
     lengths = {len(v) for v in cols.values() if v is not None and not np.isscalar(v)}
@@ -184,17 +215,40 @@ def finish_columns(cols: Columns, rank: int) -> Columns:
         elif name in NULLABLE_INT_COLUMNS:
             out[name] = nullable_ints(raw, n)
         elif name in BOOL_COLUMNS:
-            out[name] = pd.Series(_full(raw, n, False), dtype=object).fillna(False).astype(bool).to_numpy()
+            out[name] = _bool_column(raw, n)
+        elif raw is None:
+            out[name] = np.full(n, None, dtype=object)
+        elif isinstance(raw, np.ndarray) and raw.dtype == object:
+            out[name] = raw
         else:
-            out[name] = pd.Series(_full(raw, n, None), dtype=object).to_numpy()
+            out[name] = pd.Series(raw, dtype=object).to_numpy()
     return out
+
+
+def _bool_column(raw: Any, n: int) -> np.ndarray:
+    if raw is None:
+        return np.zeros(n, dtype=bool)
+    if isinstance(raw, list):
+        arr = np.array(raw)  # bool only when every value is true or false
+        if arr.dtype == bool and arr.ndim == 1:
+            return arr
+    return pd.Series(raw, dtype=object).fillna(False).astype(bool).to_numpy()
 
 
 def nullable_ints(raw: Any, n: int) -> Any:
     """An Int64 column from a list with nulls; ints are taken in C, never through a float (ns > 2^53)."""
     if raw is None:
         return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+    if isinstance(raw, pd.arrays.IntegerArray) and raw.dtype == "Int64":
+        return raw
     if isinstance(raw, list):
+        if None not in raw:  # the common case: no nulls, ints straight into numpy
+            try:
+                values = np.array(raw)  # inferred: int64 only when every value is an int that fits
+            except (TypeError, ValueError, OverflowError):
+                values = None
+            if values is not None and values.dtype == np.int64 and values.ndim == 1:
+                return pd.arrays.IntegerArray(values, np.zeros(len(values), dtype=bool))
         arr = np.empty(len(raw), dtype=object)
         arr[:] = raw
         mask = pd.isna(arr)

@@ -25,7 +25,7 @@ from .entry import Entry, to_columns
 from .recorder import Recorder
 from .stacks import all_thread_stacks
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FORMAT = "flightrec-dump"
 
 

@@ -9,6 +9,8 @@ slower, a cost paid on every op.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from .stacks import site_frame
@@ -102,24 +104,76 @@ def _reduce_op_name(op: Any) -> str | None:
     return text.rsplit(".", 1)[-1]
 
 
-_DERIVED = {
-    "reduce_op": lambda e: _reduce_op_name(e.reduce_op),
-    "in_shapes": lambda e: _shapes(e.inputs),
-    "in_dtypes": lambda e: _dtypes(e.inputs),
-    "out_shapes": lambda e: _shapes(e.outputs),
-    "out_dtypes": lambda e: _dtypes(e.outputs),
-    "site": lambda e: format_site(e.site),
-    "stack": lambda e: None if e.stack is None else [format_frame(f) for f in e.stack],
+def _frames(e: Entry) -> list[str] | None:
+    return None if e.stack is None else [format_frame(f) for f in e.stack]
+
+
+def _meta_key(meta: Any) -> Any:
+    """A hashable key of a (shape, dtype) tuple; C++ entries carry lists (from PyTorch's recorder)."""
+    return meta if type(meta) is tuple else tuple((tuple(shape), dtype) for shape, dtype in meta)
+
+
+def _site_key(site: Any) -> Any:
+    return None if site is None else (id(site[0]), site[1])  # the entry keeps the code object alive
+
+
+# Columns stored dictionary-encoded (schema 2): (key of a row, its value). The key is what the hot
+# path kept (a tensor's Size and dtype, a code object and offset), so each distinct value is turned
+# into text once per dump, not once per entry.
+_CODED: dict[str, tuple[Callable[[Entry], Any], Callable[[Entry], Any]]] = {
+    "group": (attrgetter("group"), attrgetter("group")),
+    "kind": (attrgetter("kind"), attrgetter("kind")),
+    "op": (attrgetter("op"), attrgetter("op")),
+    "api": (attrgetter("api"), attrgetter("api")),
+    "reduce_op": (lambda e: _reduce_op_name(e.reduce_op), lambda e: _reduce_op_name(e.reduce_op)),
+    "in_shapes": (lambda e: _meta_key(e.inputs), lambda e: _shapes(e.inputs)),
+    "in_dtypes": (lambda e: _meta_key(e.inputs), lambda e: _dtypes(e.inputs)),
+    "out_shapes": (lambda e: _meta_key(e.outputs), lambda e: _shapes(e.outputs)),
+    "out_dtypes": (lambda e: _meta_key(e.outputs), lambda e: _dtypes(e.outputs)),
+    "state": (attrgetter("state"), attrgetter("state")),
+    "error": (attrgetter("error"), attrgetter("error")),
+    "thread": (attrgetter("thread"), attrgetter("thread")),
+    "site": (lambda e: _site_key(e.site), lambda e: format_site(e.site)),
+    "source": (attrgetter("source"), attrgetter("source")),
 }
+# Columns left out of a dump when every value is null (readers take null for them).
+OMITTED_WHEN_NULL = frozenset(("error", "t_dev_start_ns", "t_dev_end_ns", "stack"))
 
 
-def to_columns(entries: list[Entry]) -> dict[str, list[Any]]:
-    """Column-oriented table of `entries` (see docs/dump-format.md)."""
-    columns: dict[str, list[Any]] = {}
+def coded_column(entries: list[Entry], key: Callable[[Entry], Any], value: Callable[[Entry], Any]) -> dict[str, list[Any]]:
+    """`{"values": [...distinct...], "codes": [...]}`: row i is `values[codes[i]]`, code -1 is null."""
+    index: dict[Any, int] = {}
+    values: list[Any] = []
+    codes: list[int] = []
+    for e in entries:
+        k = key(e)
+        code = index.get(k)
+        if code is None:
+            v = value(e)
+            if v is None:
+                code = -1
+            else:
+                code = len(values)
+                values.append(v)
+            index[k] = code
+        codes.append(code)
+    return {"values": values, "codes": codes}
+
+
+def to_columns(entries: list[Entry]) -> dict[str, Any]:
+    """Column-oriented table of `entries` (schema 2, see docs/dump-format.md): numbers as arrays,
+    text and shape columns dictionary-encoded, all-null optional columns left out."""
+    columns: dict[str, Any] = {}
     for name in COLUMNS:
-        derive = _DERIVED.get(name)
-        if derive is None:
-            columns[name] = [getattr(e, name) for e in entries]
-        else:
-            columns[name] = [derive(e) for e in entries]
+        coded = _CODED.get(name)
+        if coded is not None:
+            column = coded_column(entries, *coded)
+            if name in OMITTED_WHEN_NULL and not column["values"]:
+                continue
+            columns[name] = column
+            continue
+        values = [_frames(e) for e in entries] if name == "stack" else [getattr(e, name) for e in entries]
+        if name in OMITTED_WHEN_NULL and all(v is None for v in values):
+            continue
+        columns[name] = values
     return columns

@@ -58,9 +58,32 @@ def load_dump(folder: str | Path, rank: int) -> dict[str, Any]:
         return json.load(handle)
 
 
+DUMP_COLUMNS = (
+    "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op", "in_shapes", "in_dtypes",
+    "out_shapes", "out_dtypes", "is_async", "unit", "state", "error", "t_enqueue_ns", "t_complete_ns",
+    "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack", "source",
+)
+
+
+def columns(dump: dict[str, Any]) -> dict[str, list[Any]]:
+    """The entry columns as plain lists, decoded the way docs/dump-format.md tells any reader to:
+    schema 2's `{"values", "codes"}` columns expanded, the all-null columns it leaves out as nulls."""
+    cols = dump["entries"]
+    n = len(cols["id"])
+    out: dict[str, list[Any]] = {}
+    for name in DUMP_COLUMNS:
+        raw = cols.get(name)
+        if isinstance(raw, dict):
+            values = raw["values"]
+            out[name] = [values[c] if c >= 0 else None for c in raw["codes"]]
+        else:
+            out[name] = raw if raw is not None else [None] * n
+    return out
+
+
 def entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
     """Column-oriented entries as a list of row dicts, for readable assertions."""
-    cols = dump["entries"]
+    cols = columns(dump)
     n = len(cols["id"])
     return [{k: v[i] for k, v in cols.items()} for i in range(n)]
 

@@ -18,6 +18,7 @@ import pytest
 
 import analyzers
 from fixtures import synth
+from tests.helpers import columns
 
 RANKS = 64  # TP 8 x PP 4 x DP 2: every group kind, p2p included
 ENTRIES = 300  # rings wrap on the middle stages
@@ -52,9 +53,11 @@ def test_layout_and_dump_shape(tmp_path: Path) -> None:
     files = sorted(folder.glob("rank-*.json.gz"))
     assert len(files) == 16
     dump = json.loads(gzip.decompress(files[5].read_bytes()))
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 1
-    lengths = {len(v) for v in dump["entries"].values()}
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 2
+    lengths = {len(v) for v in columns(dump).values()}
     assert lengths == {120}
+    assert set(dump["entries"]) >= {"id", "group", "seq", "op", "state", "t_enqueue_ns"}
+    assert isinstance(dump["entries"]["op"], dict) and len(dump["entries"]["op"]["values"]) < 10  # coded
     assert dump["dropped"] == dump["recorded"] - 120 > 0
     names = {g["desc"][:2] for g in dump["groups"]}
     assert names == {"de", "tp", "pp", "dp"}

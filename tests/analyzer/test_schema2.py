@@ -1,0 +1,78 @@
+"""Schema 2 (dictionary-encoded columns, the recorder's current format) reads exactly as schema 1."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import analyzers
+from fixtures import builders
+from fixtures.builders import Job
+
+
+def _load(folder: Path) -> analyzers.Analysis:
+    return analyzers.load(folder, workers=1)
+
+
+def _report(a: analyzers.Analysis) -> dict:
+    report = a.report()
+    report.pop("folder", None)
+    return report
+
+
+@pytest.mark.parametrize("name", sorted(builders.SCENARIOS))
+def test_every_scenario_reads_the_same_in_both_schemas(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one = _load(builders.SCENARIOS[name](tmp_path / "v1"))
+    monkeypatch.setattr(builders, "DEFAULT_SCHEMA", 2)
+    folder = builders.SCENARIOS[name](tmp_path / "v2")
+    some = next(folder.glob("rank-*.json.gz"))
+    assert json.loads(gzip.decompress(some.read_bytes()))["schema_version"] == 2
+    two = _load(folder)
+    pd.testing.assert_frame_equal(one.entries, two.entries)
+    assert _report(one) == _report(two)
+
+
+def _v2_job(tmp_path: Path) -> tuple[Job, Path]:
+    job = Job(2, schema=2)
+    for _ in range(3):
+        job.collective("0", "all_reduce")
+    return job, job.write(tmp_path / "d")
+
+
+def _reason(folder: Path) -> str:
+    report = _load(folder).report()
+    return {u["file"]: u["reason"] for u in report["unreadable_files"]}["rank-00001.json.gz"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda cols: cols["op"]["codes"].__setitem__(0, 7), "bad entries: column 'op' has codes outside its 1 values"),
+        (lambda cols: cols["op"]["codes"].append(0), "bad entries: column 'op' has 4 codes for 3 entries"),
+        (lambda cols: cols["state"].pop("codes"), "entries column(s) state are not arrays or {values, codes} objects"),
+        (lambda cols: cols["group"]["codes"].__setitem__(1, "x"), "bad entries:"),
+    ],
+)
+def test_damaged_coded_columns_are_named(tmp_path: Path, damage, expected: str) -> None:  # noqa: ANN001
+    job, folder = _v2_job(tmp_path)
+    dump = job.dump(1)
+    damage(dump["entries"])
+    (folder / "rank-00001.json.gz").write_bytes(gzip.compress(json.dumps(dump).encode()))
+    assert _reason(folder).startswith(expected)
+
+
+def test_null_in_values_and_left_out_columns(tmp_path: Path) -> None:
+    job, folder = _v2_job(tmp_path)
+    dump = job.dump(1)
+    cols = dump["entries"]
+    assert "error" not in cols and "stack" not in cols  # all null: left out, as the recorder does
+    cols["reduce_op"] = {"values": [None, "SUM"], "codes": [0, 1, -1]}
+    (folder / "rank-00001.json.gz").write_bytes(gzip.compress(json.dumps(dump).encode()))
+    entries = _load(folder).entries
+    reduce_ops = entries.loc[entries["rank"] == 1, "reduce_op"]
+    assert reduce_ops.isna().tolist() == [True, False, True] and reduce_ops.iloc[1] == "SUM"
+    assert entries["error"].isna().all() and entries["t_dev_start_ns"].isna().all()
