@@ -278,14 +278,16 @@ def _full(raw: Any, n: int, default: Any) -> Any:
     return raw
 
 
-def concat_entries(parts: Sequence[Columns], consume: bool = False) -> pd.DataFrame:
-    """One DataFrame from per-rank columns: codes are unified once, each string column built once.
+def concat_columns(parts: Sequence[Columns], consume: bool = False, trim: bool = True) -> Columns:
+    """Several ranks' columns as one set of columns: string codes unified, arrays concatenated.
 
-    `consume=True` empties the parts column by column as the table grows, so reading holds about one
-    copy of the entries instead of two (the per-rank pieces and the table).
+    `consume=True` empties the parts column by column as the result grows, so merging holds about
+    one copy of the entries instead of two (`trim`: and hands the freed pages back to the OS). Worker processes use it to send one table per batch of
+    files instead of one per rank (a few large arrays pickle at memory speed; 16,384 small ones
+    made the parent process the bottleneck).
     """
     parts = [p for p in parts if p is not None] or [finish_columns({}, 0)]
-    data: dict[str, Any] = {}
+    data: Columns = {}
     for name in ENTRY_COLUMNS:
         pieces = [p.pop(name) if consume else p[name] for p in parts]
         if name in CATEGORY_COLUMNS:
@@ -295,10 +297,34 @@ def concat_entries(parts: Sequence[Columns], consume: bool = False) -> pd.DataFr
         else:
             data[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         del pieces
-        if consume:
+        if consume and trim:
             release_free_memory()  # the pieces just freed are small heap blocks: hand their pages back
+    return data
+
+
+def to_frame(cols: Columns) -> pd.DataFrame:
+    """The entry table: string columns as pandas categoricals, columns in ENTRY_COLUMNS order."""
+    data: dict[str, Any] = {}
+    for name in ENTRY_COLUMNS:
+        value = cols.pop(name)
+        if isinstance(value, Coded):
+            value = pd.Categorical.from_codes(value.codes, categories=pd.Index(value.cats, dtype=object))
+        data[name] = value
     # copy=False: the columns are fresh, and consolidating them into 2-D blocks would copy them all once more
     return pd.DataFrame(data, columns=list(ENTRY_COLUMNS), copy=False)
+
+
+def concat_entries(parts: Sequence[Columns], consume: bool = False) -> pd.DataFrame:
+    """One DataFrame from per-rank (or per-batch) columns: codes unified once, each column built once."""
+    return to_frame(concat_columns(parts, consume))
+
+
+def take_rows(cols: Columns, keep: np.ndarray) -> Columns:
+    """The rows of `cols` where `keep` (a boolean mask or an index array) selects them."""
+    out: Columns = {}
+    for name, value in cols.items():
+        out[name] = Coded(value.codes[keep], value.cats) if isinstance(value, Coded) else value[keep]
+    return out
 
 
 def _concat_nullable(pieces: list[Any]) -> Any:
@@ -308,15 +334,14 @@ def _concat_nullable(pieces: list[Any]) -> Any:
     return pd.arrays.IntegerArray._concat_same_type(arrays)
 
 
-def _union(pieces: list[Coded]) -> pd.Categorical:
+def _union(pieces: list[Coded]) -> Coded:
     index: dict[str, int] = {}
     codes = []
     for piece in pieces:
         remap = np.asarray([index.setdefault(c, len(index)) for c in piece.cats] + [-1], dtype=np.int32)
         codes.append(remap[piece.codes])  # code -1 picks the trailing -1
     merged = np.concatenate(codes) if codes else np.empty(0, dtype=np.int32)
-    cats = pd.Index(list(index), dtype=object)
-    return pd.Categorical.from_codes(merged, categories=cats)
+    return Coded(merged, list(index))
 
 
 def empty_entries() -> pd.DataFrame:

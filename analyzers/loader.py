@@ -16,10 +16,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from . import sources
-from .columns import concat_entries
+from .columns import Columns, concat_columns, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .rankdump import FileProblem, RankDump
 from .read import read_path
@@ -28,6 +29,7 @@ from .textutil import ranges
 # Below these, a pool's start-up (forking, pickling frames back) costs more than it saves.
 PARALLEL_MIN_FILES = 8
 PARALLEL_MIN_BYTES = 4 << 20
+BATCH_MIN_FILES, BATCH_MAX_FILES = 8, 256  # files per reader task (see Batch)
 FORMAT_PREFERENCE = {FMT_FLIGHTREC: 0, FMT_TORCH_PICKLE: 1, FMT_TORCH_JSON: 2}
 
 
@@ -67,7 +69,40 @@ def discover(folder: Path) -> list[Path]:
 Progress = Callable[[int], None]  # called with the number of files just read
 
 
-def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None) -> list[RankDump | FileProblem]:
+@dataclass
+class Batch:
+    """What a reader process sends back for a batch of files: every file's result, and the entries
+    of its readable dumps as one table (dump i's rows are `spans[i]`, in the order of `results`).
+
+    Why batches: one table per batch crosses the process boundary as a few large arrays, where one
+    per rank (16,384 of them, each ~30 small arrays) cost the parent ~1 ms each to unpickle and
+    then to merge: at scale, the parent was the bottleneck while the readers waited.
+    """
+
+    results: list[RankDump | FileProblem]
+    table: Columns | None = None
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # index in results -> rows
+
+
+def read_batch(names: list[str]) -> Batch:
+    """Read `names` (in a worker process) and merge their entries into one table."""
+    shared = SharedMembers()
+    results = [shared(read_path(n)) for n in names]
+    parts: list[Columns] = []
+    spans: dict[int, tuple[int, int]] = {}
+    start = 0
+    for i, result in enumerate(results):
+        if isinstance(result, RankDump):
+            rows = len(result.entries["id"])
+            spans[i] = (start, start + rows)
+            start += rows
+            parts.append(result.entries)
+            result.entries = {}
+    table = concat_columns(parts, consume=True, trim=False) if parts else None  # a worker's heap is short-lived
+    return Batch(results, table, spans)
+
+
+def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None) -> list[Batch]:
     """Read every file, in a process pool when the folder is big enough to pay for one."""
     size = sum(_size(p) for p in paths)
     cpus = os.cpu_count() or 1
@@ -75,22 +110,49 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
         workers = min(cpus, len(paths)) if (len(paths) >= PARALLEL_MIN_FILES and size >= PARALLEL_MIN_BYTES) else 1
     names = [str(p) for p in paths]
     tick = progress or (lambda n: None)
-    shared = SharedMembers()
     if workers <= 1:
+        shared = SharedMembers()
         out = []
         for n in names:
             out.append(shared(read_path(n)))
             tick(1)
-        return out
+        return [Batch(out)]  # entries stay with their dumps: nothing to send across processes
     ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
-    # small chunks keep the progress bar moving; each chunk still amortises the round trip
-    chunk = max(1, min(64, len(names) // (workers * 4)))
-    results = []
+    # a few batches per worker keep both busy to the end and the progress bar moving
+    size = max(BATCH_MIN_FILES, min(BATCH_MAX_FILES, len(names) // (workers * 8) or 1))
+    batches = [names[i:i + size] for i in range(0, len(names), size)]
+    shared = SharedMembers()
+    out = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for result in pool.map(read_path, names, chunksize=chunk):
-            results.append(shared(result))
-            tick(1)
-    return results
+        for batch in pool.map(read_batch, batches):
+            for result in batch.results:
+                shared(result)
+            out.append(batch)
+            tick(len(batch.results))
+    return out
+
+
+def merge_batches(batches: list[Batch], chosen: dict[int, RankDump]) -> pd.DataFrame:
+    """The entry table of the chosen dumps, rows ordered by rank (stable: each dump's own order)."""
+    keep_ids = {id(d) for d in chosen.values()}
+    parts: list[Columns] = []
+    for batch in batches:
+        if batch.table is not None:
+            kept = [span for i, span in batch.spans.items() if id(batch.results[i]) in keep_ids]
+            if len(kept) < len(batch.spans):  # another dump of the same rank was preferred
+                rows = np.concatenate([np.arange(a, b) for a, b in kept]) if kept else np.empty(0, dtype=np.int64)
+                batch.table = take_rows(batch.table, rows)
+            parts.append(batch.table)
+            batch.table = None
+        for result in batch.results:
+            if isinstance(result, RankDump) and result.entries and id(result) in keep_ids:
+                parts.append(result.entries)
+        batch.results = []
+    table = concat_columns(parts, consume=True)
+    ranks = table["rank"]
+    if len(ranks) > 1 and bool((ranks[1:] < ranks[:-1]).any()):
+        table = take_rows(table, np.argsort(ranks, kind="stable"))  # files not named in rank order
+    return to_frame(table)
 
 
 class SharedMembers:
@@ -131,14 +193,16 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None, prog
         if on_count is not None:
             on_count(len(files))
         results = read_files(files, workers, progress)
-    problems = [r for r in results if isinstance(r, FileProblem)]
-    dumps, notes = _one_per_rank([r for r in results if isinstance(r, RankDump)])
+    batches = results if results and isinstance(results[0], Batch) else [Batch(results)]
+    everything = [r for b in batches for r in b.results]
+    problems = [r for r in everything if isinstance(r, FileProblem)]
+    dumps, notes = _one_per_rank([r for r in everything if isinstance(r, RankDump)])
     if not dumps:
         lines = "; ".join(p.line() for p in problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise UnusableInput(f"{path}: no readable dump ({lines})")
     notes += _version_notes(dumps)
     notes += _merge_notes(dumps)
-    entries = concat_entries([dumps[r].entries for r in sorted(dumps)], consume=True)
+    entries = merge_batches(batches, dumps)
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes)

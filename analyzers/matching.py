@@ -96,9 +96,10 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
     if coll.empty:
         return pd.DataFrame(columns=["rank", "group", "seq", "id", "state", *FIELDS])
     grouped = coll.groupby(_SIG_COLUMNS, observed=True, dropna=False, sort=False)
-    key = grouped.ngroup().to_numpy()
+    keys = grouped.ngroup()
+    key = keys.to_numpy()
     firsts = grouped.head(1)
-    order = grouped.ngroup().loc[firsts.index].to_numpy()
+    order = keys.loc[firsts.index].to_numpy()
     shape_sig = np.empty(len(firsts), dtype=object)
     dtype_sig = np.empty(len(firsts), dtype=object)
     for i, row in zip(order, firsts.itertuples(index=False), strict=True):  # distinct combinations only
@@ -129,7 +130,7 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
             "reduce_op": text(reduce_op.fillna("")),
         }
     )
-    dup = sig.duplicated(["rank", "group", "seq"], keep=False)
+    dup = _repeated(sig["rank"].to_numpy(), pd.Categorical(sig["group"]).codes, sig["seq"].to_numpy())
     if dup.any():  # coalesced blocks: one unit per (rank, group, seq), fields joined in record order
         units = sig[dup].sort_values("id").groupby(["rank", "group", "seq"], sort=False).agg(
             id=("id", "min"),
@@ -141,6 +142,15 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
         )
         sig = pd.concat([sig[~dup], units.reset_index()], ignore_index=True)
     return sig
+
+
+def _repeated(rank: np.ndarray, group: np.ndarray, seq: np.ndarray) -> pd.Series:
+    """Rows whose (rank, group, seq) occurs more than once: one int64 key hashed, not three columns."""
+    if len(rank) and rank.min() >= 0 and group.min() >= 0 and seq.min() >= 0 and rank.max() < 1 << 20 \
+            and group.max() < 1 << 20 and seq.max() < 1 << 23:
+        key = (rank.astype(np.int64) << 43) | (group.astype(np.int64) << 23) | seq.astype(np.int64)
+        return pd.Series(key).duplicated(keep=False)
+    return pd.DataFrame({"r": rank, "g": group, "s": seq}).duplicated(keep=False)
 
 
 def _unit_state(states: pd.Series) -> str:
@@ -184,39 +194,52 @@ def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:
     )
 
 
+def _shared_codes(a: pd.Categorical, b: pd.Categorical) -> tuple[np.ndarray, np.ndarray, pd.Index]:
+    """Codes of two categoricals into one set of categories (-1 = missing), so they compare as ints."""
+    cats = a.categories.append(b.categories).unique()
+    remap_a = np.append(cats.get_indexer(a.categories), -1)
+    remap_b = np.append(cats.get_indexer(b.categories), -1)
+    return remap_a[a.codes], remap_b[b.codes], cats
+
+
 def _p2p_mismatches(entries: pd.DataFrame) -> list[Mismatch]:
+    """Sends whose payload (shapes, dtypes) differs from their matching receive's.
+
+    Compared as integer codes: at scale there are millions of transfers and a handful of distinct
+    payloads, and strings are made only for the pairs that differ.
+    """
     p2p = entries.loc[(entries["kind"] == "p2p") & (entries["seq"] > 0) & (entries["peer"] >= 0)]
     if p2p.empty:
         return []
-    op = p2p["op"].astype(object)
-    in_s, out_s = p2p["in_shapes"].astype(object), p2p["out_shapes"].astype(object)
-    in_d, out_d = p2p["in_dtypes"].astype(object), p2p["out_dtypes"].astype(object)
-    is_send = op == "send"
-    empty_in = in_s.isna() | (in_s == "[]")
-    empty_out = out_s.isna() | (out_s == "[]")
-    payload = np.where(is_send, np.where(empty_in, out_s, in_s), np.where(empty_out, in_s, out_s))
-    dtypes = np.where(is_send, np.where(empty_in, out_d, in_d), np.where(empty_out, in_d, out_d))
-    frame = pd.DataFrame(
-        {
-            "group": p2p["group"].to_numpy(dtype=object),
-            "seq": p2p["seq"].to_numpy(),
-            "src": np.where(is_send, p2p["rank"], p2p["peer"]),
-            "dst": np.where(is_send, p2p["peer"], p2p["rank"]),
-            "shapes": payload,
-            "dtypes": dtypes,
-            "send": is_send.to_numpy(),
-        }
-    )
+    is_send = (p2p["op"] == "send").to_numpy()
+    rank, peer = p2p["rank"].to_numpy(), p2p["peer"].to_numpy()
+    frame: dict[str, Any] = {
+        "group": pd.Categorical(p2p["group"]).codes,
+        "seq": p2p["seq"].to_numpy(),
+        "src": np.where(is_send, rank, peer),
+        "dst": np.where(is_send, peer, rank),
+    }
+    labels: dict[str, pd.Index] = {}
+    for name, (ins, outs) in {"shapes": ("in_shapes", "out_shapes"), "dtypes": ("in_dtypes", "out_dtypes")}.items():
+        in_code, out_code, cats = _shared_codes(pd.Categorical(p2p[ins]), pd.Categorical(p2p[outs]))
+        empty = np.flatnonzero(cats == "[]") if name == "shapes" else np.empty(0, dtype=np.int64)
+        empty_in = (in_code < 0) | np.isin(in_code, empty)
+        empty_out = (out_code < 0) | np.isin(out_code, empty)
+        # a send's payload is its input, a receive's its output (the other one when that is empty)
+        frame[name] = np.where(is_send, np.where(empty_in, out_code, in_code), np.where(empty_out, in_code, out_code))
+        labels[name] = cats
+    table = pd.DataFrame(frame)
     key = ["group", "src", "dst", "seq"]
-    pairs = frame[frame["send"]].merge(frame[~frame["send"]], on=key, suffixes=("_s", "_r"))
+    pairs = table[is_send].merge(table[~is_send], on=key, suffixes=("_s", "_r"))
+    groups = pd.Categorical(p2p["group"]).categories
     out: list[Mismatch] = []
     for name in ("shapes", "dtypes"):
-        a, b = pairs[f"{name}_s"].astype(str), pairs[f"{name}_r"].astype(str)
-        for row in pairs[a != b].itertuples(index=False):
-            sv, rv = str(getattr(row, f"{name}_s")), str(getattr(row, f"{name}_r"))
+        differ = pairs[pairs[f"{name}_s"].to_numpy() != pairs[f"{name}_r"].to_numpy()]
+        for row in differ.itertuples(index=False):
+            sv, rv = _label(labels[name], getattr(row, f"{name}_s")), _label(labels[name], getattr(row, f"{name}_r"))
             out.append(
                 Mismatch(
-                    group=str(row.group),
+                    group=str(groups[row.group]),
                     seq=int(row.seq),
                     field=name,
                     ranks=sorted({int(row.src), int(row.dst)}),
@@ -228,6 +251,10 @@ def _p2p_mismatches(entries: pd.DataFrame) -> list[Mismatch]:
                 )
             )
     return out
+
+
+def _label(cats: pd.Index, code: int) -> str:
+    return str(cats[code]) if code >= 0 else "nan"
 
 
 def _signature(op: str, ins: Any, outs: Any, in_dt: Any, out_dt: Any, size: int) -> tuple[str, str]:

@@ -116,12 +116,22 @@ def _normalise(cols: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_MEMBERS_SEEN: dict[tuple[Any, ...], tuple[int, ...]] = {}  # per reader process; bounded below
+
+
 def _members(ranks: list[Any]) -> tuple[int, ...]:
-    """Member ranks as ints, checked in C: the world group lists every rank, in every dump."""
+    """Member ranks as ints. The world group lists every rank in every dump: a list this process
+    has already checked costs one tuple and one lookup, not a check per member."""
+    key = tuple(ranks)
+    known = _MEMBERS_SEEN.get(key)
+    if known is not None:
+        return known
     arr = np.asarray(ranks)
-    if arr.dtype.kind == "i" and arr.ndim == 1:
-        return tuple(ranks)
-    return tuple(int(r) for r in ranks)  # odd values: int() accepts or raises per value
+    members = key if arr.dtype.kind == "i" and arr.ndim == 1 else tuple(int(r) for r in ranks)
+    if len(_MEMBERS_SEEN) > 4096:
+        _MEMBERS_SEEN.clear()
+    _MEMBERS_SEEN[key] = members
+    return members
 
 
 _LOWER_DTYPES = {k.lower(): v for k, v in TORCH_DTYPE_NAMES.items()}

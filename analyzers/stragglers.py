@@ -39,6 +39,12 @@ def _ints(series: pd.Series, missing: int = -1) -> np.ndarray:
     return series.to_numpy(dtype="int64", na_value=missing)
 
 
+def _ordered(rank: np.ndarray, t: np.ndarray) -> bool:
+    """True when rows are already sorted by rank, then by time (checked in one pass, no sort)."""
+    step_rank, step_t = np.diff(rank), np.diff(t)
+    return bool(((step_rank > 0) | ((step_rank == 0) & (step_t >= 0))).all())
+
+
 def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     """Completed blocking ops with timing, each with the compute gap before it on its own rank.
 
@@ -55,15 +61,17 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
         "rank": _ints(entries["rank"])[mask],
         "group": entries["group"].astype("category").array[mask],
         "seq": _ints(entries["seq"])[mask],
-        "kind": pd.Categorical(np.where(is_coll[mask], "coll", "p2p")),
+        "kind": pd.Categorical.from_codes(np.where(is_coll[mask], 0, 1).astype(np.int8),
+                                          categories=pd.Index(["coll", "p2p"], dtype=object)),
         "op": entries["op"].astype("category").array[mask],
         "peer": _ints(entries["peer"])[mask] if "peer" in entries.columns else np.full(int(mask.sum()), -1),
         "t_enqueue_ns": enq[mask], "t_complete_ns": comp[mask],
     })
     ops["group"] = ops["group"].astype("category")
     ops["group"] = ops["group"].cat.rename_categories([str(c) for c in ops["group"].cat.categories])
-    order = np.lexsort((ops["t_enqueue_ns"].to_numpy(), ops["rank"].to_numpy()))
-    ops = ops.iloc[order].reset_index(drop=True)
+    enq_col, rank_col = ops["t_enqueue_ns"].to_numpy(), ops["rank"].to_numpy()
+    if len(ops) > 1 and not _ordered(rank_col, enq_col):  # entries come by rank in record order: usually sorted
+        ops = ops.iloc[np.lexsort((enq_col, rank_col))].reset_index(drop=True)
     rank = ops["rank"].to_numpy()
     busy = ops.groupby("rank", sort=False)["t_complete_ns"].cummax().to_numpy().astype("float64")
     before = np.empty_like(busy)
@@ -189,9 +197,10 @@ def p2p_links(entries: pd.DataFrame) -> pd.DataFrame:
                   & entries["t_enqueue_ns"].notna() & entries["t_complete_ns"].notna()]
     if p2p.empty:
         return pd.DataFrame(columns=["src", "dst", "transfer_ms", "count"])
+    # the group as its integer code and the op tested on its categories: no string per transfer
     p2p = p2p.assign(duration_ns=(p2p["t_complete_ns"] - p2p["t_enqueue_ns"]).astype("int64"),
-                     group=p2p["group"].astype(str))
-    is_send = p2p["op"].astype(str) == "send"
+                     group=pd.Categorical(p2p["group"]).codes)
+    is_send = (p2p["op"] == "send").to_numpy()
     p2p = p2p.assign(src=np.where(is_send, p2p["rank"], p2p["peer"]), dst=np.where(is_send, p2p["peer"], p2p["rank"]))
     sends, recvs = p2p[is_send], p2p[~is_send]
     pairs = sends.merge(recvs, on=["group", "src", "dst", "seq"], suffixes=("_s", "_r"))
