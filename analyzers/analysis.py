@@ -204,10 +204,12 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
     if not wrapped:
         return []
     sub = entries.loc[entries["rank"].isin(wrapped) & (entries["kind"] == "coll"), ["rank", "group", "seq"]]
-    first = sub.groupby(["rank", sub["group"].astype(object)])["seq"].min()
+    groups = pd.Categorical(sub["group"])  # grouped by code: no string per entry
+    known = groups.codes >= 0
+    first = pd.Series(sub["seq"].to_numpy()[known]).groupby([sub["rank"].to_numpy()[known], groups.codes[known]]).min()
     starts_of: dict[int, list[str]] = {}
-    for (rr, g), s in first.items():  # one pass (not one per wrapped rank: that was quadratic in ranks)
-        starts_of.setdefault(int(rr), []).append(f"group {g} from seq {int(s)}")
+    for (rr, code), s in first.items():  # one pass (not one per wrapped rank: that was quadratic in ranks)
+        starts_of.setdefault(int(rr), []).append(f"group {groups.categories[code]} from seq {int(s)}")
     out = []
     for r in wrapped:
         d = dumps[r]

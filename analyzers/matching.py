@@ -149,7 +149,9 @@ def _repeated(rank: np.ndarray, group: np.ndarray, seq: np.ndarray) -> pd.Series
     if len(rank) and rank.min() >= 0 and group.min() >= 0 and seq.min() >= 0 and rank.max() < 1 << 20 \
             and group.max() < 1 << 20 and seq.max() < 1 << 23:
         key = (rank.astype(np.int64) << 43) | (group.astype(np.int64) << 23) | seq.astype(np.int64)
-        return pd.Series(key).duplicated(keep=False)
+        ordered = np.sort(key)  # a sort beats hashing millions of keys, and repeats are rare
+        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
+        return pd.Series(np.isin(key, repeats) if len(repeats) else np.zeros(len(key), dtype=bool))
     return pd.DataFrame({"r": rank, "g": group, "s": seq}).duplicated(keep=False)
 
 

@@ -215,7 +215,10 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
     e = ctx.entries
     wanted = e["group"].isin({g for g, _ in at})  # only the groups someone is blocked in: a few of thousands
     coll = e.loc[(e["kind"] == "coll") & wanted, ["group", "rank", "seq"]]
-    hi = coll.groupby([coll["group"].astype(object), "rank"])["seq"].max()
+    groups = pd.Categorical(coll["group"])  # grouped by integer code: no string per entry
+    known = groups.codes >= 0
+    hi = pd.Series(coll["seq"].to_numpy()[known]).groupby([groups.codes[known], coll["rank"].to_numpy()[known]]).max()
+    code_of = {str(c): i for i, c in enumerate(groups.categories)}
     blocked_at = {(g, s): set(rs) for (g, s), rs in at.items()}
     blocked_ranks = np.fromiter(waits, dtype=np.int64)
     needed = pd.DataFrame(list(at), columns=["group", "seq"])
@@ -230,7 +233,7 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
                 waits[r].unknown.update({-1: f"group {g} has no known members or seq"})
             continue
         try:
-            hi_g = hi.loc[g].reindex(members).to_numpy(dtype=float)
+            hi_g = hi.loc[code_of[g]].reindex(members).to_numpy(dtype=float)
         except KeyError:
             hi_g = np.full(len(members), np.nan)
         is_absent = np.isin(members, absent)
