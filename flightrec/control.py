@@ -24,7 +24,9 @@ class _Armed:
         self.settings = settings
         self.recorder = Recorder(settings)
         self.patcher = Patcher(self.recorder)
-        self.term = TermHandler(lambda reason: self.dump(reason, "terminated by signal"))
+        self._dumping_thread: int | None = None
+        self.term = TermHandler(lambda reason: self.dump(reason, "terminated by signal"),
+                                dumping_here=lambda: self._dumping_thread == threading.get_ident())
         self.abort = AbortHandler(lambda reason: self.dump(reason, "the process aborted (SIGABRT)"))
         self.watchdog = Watchdog(self.recorder, settings, self.dump, self.term)
         self.dump_lock = threading.Lock()
@@ -47,23 +49,32 @@ class _Armed:
     def dump(self, reason: str, detail: str | None = None) -> bool:
         """Write this rank's dump; False (with a warning) when the folder cannot take it."""
         with self.dump_lock:
+            self._dumping_thread = threading.get_ident()
             try:
-                is_rank = joined() or self.recorder.ring.recorded > 0
-                if process_rank()[0] < 0 and not is_rank:
-                    return False  # e.g. torchrun's agent process: it never joined a group
-                payload = build_dump(self.recorder, reason, detail)
-                # a process that inherited RANK but never joined (a spawned DataLoader worker) may
-                # only write where the rank has no dump yet: never over the rank's own
-                if write_dump(payload, self.settings.dir, replace=is_rank) is None:
-                    return False
-            except OSError as exc:
-                warn_write_failed(self.settings.dir, exc)
+                written = self._write(reason, detail)
+            finally:
+                self._dumping_thread = None
+        self.term.run_deferred()  # a SIGTERM that arrived during the write: dump again and die
+        return written
+
+    def _write(self, reason: str, detail: str | None) -> bool:
+        try:
+            is_rank = joined() or self.recorder.ring.recorded > 0
+            if process_rank()[0] < 0 and not is_rank:
+                return False  # e.g. torchrun's agent process: it never joined a group
+            payload = build_dump(self.recorder, reason, detail)
+            # a process that inherited RANK but never joined (a spawned DataLoader worker) may
+            # only write where the rank has no dump yet: never over the rank's own
+            if write_dump(payload, self.settings.dir, replace=is_rank) is None:
                 return False
-            except Exception as exc:  # noqa: BLE001
-                log.warn_once(f"dump-{type(exc).__name__}", f"could not build a dump: {exc!r}")
-                return False
-            self.watchdog.dumped_now()
-            return True
+        except OSError as exc:
+            warn_write_failed(self.settings.dir, exc)
+            return False
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once(f"dump-{type(exc).__name__}", f"could not build a dump: {exc!r}")
+            return False
+        self.watchdog.dumped_now()
+        return True
 
     def _on_failure(self, entry: Entry, in_calling_thread: bool) -> None:
         dumped = False

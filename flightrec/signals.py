@@ -29,8 +29,14 @@ def _libc() -> Any:
 
 
 class TermHandler:
-    def __init__(self, dump: Callable[[str], None]) -> None:
+    def __init__(self, dump: Callable[[str], None], dumping_here: Callable[[], bool] = lambda: False) -> None:
         self._dump = dump
+        # True while the calling thread is itself writing a dump: a Python signal handler runs in
+        # the main thread between two bytecodes, possibly inside that dump (an op that failed in the
+        # main thread dumps there, and the launcher's SIGTERM follows within milliseconds). Dumping
+        # again from the handler would wait for a lock its own thread holds, forever.
+        self._dumping_here = dumping_here
+        self._deferred: tuple[int, Any] | None = None
         self._previous: Any = None
         self._installed = False
         self._owns_wakeup = False
@@ -125,6 +131,18 @@ class TermHandler:
         # a Python handler of the user's runs when the main thread gets back to Python
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._dumping_here():
+            self._deferred = (signum, frame)  # handled as soon as that dump is written: run_deferred
+            return
+        self._handle(signum, frame)
+
+    def run_deferred(self) -> None:
+        """After a dump: a SIGTERM that arrived while this thread was writing it is handled now."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._handle(*deferred)
+
+    def _handle(self, signum: int, frame: Any) -> None:
         self.dump_once()
         previous = self._previous
         if callable(previous):

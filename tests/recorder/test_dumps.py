@@ -171,6 +171,34 @@ time.sleep(60)
         proc.kill()
 
 
+def test_sigterm_inside_a_dump_of_the_same_thread_does_not_deadlock(tmp_path: Path) -> None:
+    """An op fails in the main thread, which dumps there; the launcher's SIGTERM lands while that
+    dump is being written. The handler (main thread, between two bytecodes) must not wait for the
+    dump lock its own thread holds: the dump finishes, then the process dumps again and dies."""
+    code = f"""
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+import flightrec, torch, torch.distributed as dist
+from flightrec import dumper
+flightrec.enable(dir={str(tmp_path)!r})
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+fired = []
+def term_during_write(tmp):
+    if not fired:
+        fired.append(tmp)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by Python before write_dump's next bytecode
+dumper.before_rename = term_during_write
+flightrec.dump("first")
+print("survived the signal", flush=True)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    assert "survived" not in proc.stdout
+    assert load_dump(tmp_path, 0)["reason"] == "signal"  # the first dump completed, then the signal's
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_abort_dumps_then_dies_of_sigabrt(tmp_path: Path) -> None:
     code = f"""
 import os, sys
