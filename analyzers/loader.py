@@ -186,14 +186,13 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None, prog
         fs, names = _discover_url(path)
         if on_count is not None:
             on_count(len(names))
-        results = sources.read_all(fs, names, progress)
+        batches = [Batch(sources.read_all(fs, names, progress))]  # read in this process: entries stay per dump
     else:
         path = Path(sources.local_path(folder) if isinstance(folder, str) else folder)
         files = discover(path)
         if on_count is not None:
             on_count(len(files))
-        results = read_files(files, workers, progress)
-    batches = results if results and isinstance(results[0], Batch) else [Batch(results)]
+        batches = read_files(files, workers, progress)
     everything = [r for b in batches for r in b.results]
     problems = [r for r in everything if isinstance(r, FileProblem)]
     dumps, notes = _one_per_rank([r for r in everything if isinstance(r, RankDump)])

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .columns import pack_keys
 from .constants import (
     ALL_GATHER_OPS,
     GATHER_OPS,
@@ -145,14 +146,14 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
 
 
 def _repeated(rank: np.ndarray, group: np.ndarray, seq: np.ndarray) -> pd.Series:
-    """Rows whose (rank, group, seq) occurs more than once: one int64 key hashed, not three columns."""
-    if len(rank) and rank.min() >= 0 and group.min() >= 0 and seq.min() >= 0 and rank.max() < 1 << 20 \
-            and group.max() < 1 << 20 and seq.max() < 1 << 23:
-        key = (rank.astype(np.int64) << 43) | (group.astype(np.int64) << 23) | seq.astype(np.int64)
-        ordered = np.sort(key)  # a sort beats hashing millions of keys, and repeats are rare
-        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
-        return pd.Series(np.isin(key, repeats) if len(repeats) else np.zeros(len(key), dtype=bool))
-    return pd.DataFrame({"r": rank, "g": group, "s": seq}).duplicated(keep=False)
+    """Rows whose (rank, group, seq) occurs more than once: one packed int64 key, sorted once
+    (a sort beats hashing millions of keys, and repeats are rare)."""
+    key = pack_keys([rank, group, seq])
+    if key is None:
+        return pd.DataFrame({"r": rank, "g": group, "s": seq}).duplicated(keep=False)
+    ordered = np.sort(key)
+    repeats = ordered[1:][ordered[1:] == ordered[:-1]]
+    return pd.Series(np.isin(key, repeats) if len(repeats) else np.zeros(len(key), dtype=bool))
 
 
 def _unit_state(states: pd.Series) -> str:

@@ -119,15 +119,17 @@ def _normalise(cols: dict[str, Any]) -> dict[str, Any]:
 _MEMBERS_SEEN: dict[tuple[Any, ...], tuple[int, ...]] = {}  # per reader process; bounded below
 
 
-def _members(ranks: list[Any]) -> tuple[int, ...]:
-    """Member ranks as ints. The world group lists every rank in every dump: a list this process
-    has already checked costs one tuple and one lookup, not a check per member."""
+def _members(ranks: list[Any], group: str) -> tuple[int, ...]:
+    """Member ranks as ints, checked. The world group lists every rank in every dump: a list this
+    process has already checked costs one tuple and one lookup, not a check per member."""
     key = tuple(ranks)
     known = _MEMBERS_SEEN.get(key)
     if known is not None:
         return known
     arr = np.asarray(ranks)
     members = key if arr.dtype.kind == "i" and arr.ndim == 1 else tuple(int(r) for r in ranks)
+    if not (0 <= min(members) and max(members) < MAX_RANKS):
+        raise DumpError(f"group {group[:40]!r} has implausible member ranks")
     if len(_MEMBERS_SEEN) > 4096:
         _MEMBERS_SEEN.clear()
     _MEMBERS_SEEN[key] = members
@@ -144,9 +146,7 @@ def _dtypes(text: str) -> str:
 
 def _group(g: dict[str, Any]) -> GroupInfo:
     ranks = g.get("ranks")
-    members = _members(ranks) if isinstance(ranks, list) and ranks else None
-    if members is not None and not (0 <= min(members) and max(members) < MAX_RANKS):
-        raise DumpError(f"group {str(g['name'])[:40]!r} has implausible member ranks")
+    members = _members(ranks, str(g["name"])) if isinstance(ranks, list) and ranks else None
     return GroupInfo(name=str(g["name"]), desc=str(g.get("desc") or ""), backend=str(g.get("backend") or ""), ranks=members)
 
 

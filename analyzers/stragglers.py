@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .columns import pack_keys
+
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and be the last to arrive in at least this share of its collectives
 MIN_LATE_MS = 0.5  # ... by at least this much (median), so scheduler jitter never qualifies
@@ -88,22 +90,12 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
 
 
 def _group_ids(columns: list[np.ndarray]) -> np.ndarray:
-    """0..k-1 per distinct row of the integer `columns`, numbered in order of first appearance.
-
-    The columns are packed into one int64 (mixed radix over their ranges) and factorised once,
-    which is several times cheaper than grouping by five columns; a multi-column group-by is the
-    fallback when the ranges do not fit in 63 bits.
-    """
-    key = np.zeros(len(columns[0]), dtype=np.int64)
-    span = 1
-    for column in columns:
-        low = int(column.min()) if len(column) else 0
-        width = (int(column.max()) - low + 1) if len(column) else 1
-        span *= width
-        if span >= 1 << 62:
-            frame = pd.DataFrame({str(i): c for i, c in enumerate(columns)})
-            return frame.groupby(list(frame.columns), sort=False).ngroup().to_numpy()
-        key = key * width + (column.astype(np.int64) - low)
+    """0..k-1 per distinct row of the integer `columns`, numbered in order of first appearance
+    (one packed key factorised once; a multi-column group-by when the key does not fit)."""
+    key = pack_keys(columns)
+    if key is None:
+        frame = pd.DataFrame({str(i): c for i, c in enumerate(columns)})
+        return frame.groupby(list(frame.columns), sort=False).ngroup().to_numpy()
     codes, _ = pd.factorize(key, sort=False)
     return codes
 

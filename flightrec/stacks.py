@@ -48,13 +48,11 @@ def call_site(depth: int = 2) -> Site | None:
     return None
 
 
-def site_frame(site: Site | Frame | None) -> Frame | None:
+def site_frame(site: Site | None) -> Frame | None:
     """(file, line, function) of a call site kept by `call_site`."""
     if site is None:
         return None
-    code, lasti = site[0], site[1]
-    if not isinstance(code, CodeType):
-        return site  # type: ignore[return-value]  # already a frame tuple
+    code, lasti = site
     line = code.co_firstlineno
     for start, end, number in code.co_lines():
         if start <= lasti < end:
