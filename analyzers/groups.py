@@ -34,19 +34,25 @@ class Membership:
 def resolve(dumps: dict[int, RankDump], entries: pd.DataFrame, problems: list[FileProblem]) -> Membership:
     """Merge every rank's view of the groups; infer what is not recorded and say so."""
     notes: list[str] = []
-    recorded: dict[str, Counter[tuple[int, ...]]] = defaultdict(Counter)
+    by_id: dict[str, Counter[int]] = defaultdict(Counter)  # counted by object: the loader shares equal lists
+    lists: dict[int, tuple[int, ...]] = {}
     desc: dict[str, str] = {}
     backend: dict[str, str] = {}
     for d in dumps.values():
         for g in d.groups:
             if g.ranks:
-                recorded[g.name][g.ranks] += 1
+                by_id[g.name][id(g.ranks)] += 1
+                lists[id(g.ranks)] = g.ranks
             desc.setdefault(g.name, g.desc)
             if g.desc and not desc[g.name]:
                 desc[g.name] = g.desc
             if g.backend:
                 backend.setdefault(g.name, g.backend)
 
+    recorded: dict[str, Counter[tuple[int, ...]]] = defaultdict(Counter)
+    for name, counts in by_id.items():
+        for key, n in counts.items():
+            recorded[name][lists[key]] += n  # equal lists that were not shared still add up
     world, world_known = _world_size(dumps, recorded, problems, notes)
     users = _users(entries)
     names = sorted(set(desc) | set(recorded) | set(users), key=_group_sort_key)

@@ -96,14 +96,13 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
     ]
     if coll.empty:
         return pd.DataFrame(columns=["rank", "group", "seq", "id", "state", *FIELDS])
-    grouped = coll.groupby(_SIG_COLUMNS, observed=True, dropna=False, sort=False)
-    keys = grouped.ngroup()
-    key = keys.to_numpy()
-    firsts = grouped.head(1)
-    order = keys.loc[firsts.index].to_numpy()
+    key = _combination_ids(coll)
+    first_rows = np.full(int(key.max()) + 1, len(key), dtype=np.int64)
+    np.minimum.at(first_rows, key, np.arange(len(key)))  # one row per distinct combination, in key order
+    firsts = coll.iloc[first_rows]
     shape_sig = np.empty(len(firsts), dtype=object)
     dtype_sig = np.empty(len(firsts), dtype=object)
-    for i, row in zip(order, firsts.itertuples(index=False), strict=True):  # distinct combinations only
+    for i, row in enumerate(firsts.itertuples(index=False)):  # distinct combinations only
         size = len(members.get(str(row.group), ())) or 1
         shape_sig[i], dtype_sig[i] = _signature(str(row.op), row.in_shapes, row.out_shapes, row.in_dtypes, row.out_dtypes, size)
     def text(values: Any) -> pd.Categorical:
@@ -145,6 +144,16 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
     return sig
 
 
+def _combination_ids(coll: pd.DataFrame) -> np.ndarray:
+    """0..k-1 per distinct (group, op, shapes, dtypes) combination: the categorical codes packed into
+    one int64 and factorised (a six-column group-by costs several times more)."""
+    codes = [pd.Categorical(coll[c]).codes.astype(np.int64) for c in _SIG_COLUMNS]
+    key = pack_keys(codes)
+    if key is None:
+        return coll.groupby(_SIG_COLUMNS, observed=True, dropna=False, sort=False).ngroup().to_numpy()
+    return pd.factorize(key, sort=False)[0]
+
+
 def _repeated(rank: np.ndarray, group: np.ndarray, seq: np.ndarray) -> pd.Series:
     """Rows whose (rank, group, seq) occurs more than once: one packed int64 key, sorted once
     (a sort beats hashing millions of keys, and repeats are rare)."""
@@ -167,20 +176,47 @@ def _unit_state(states: pd.Series) -> str:
 def _collective_mismatches(pos: pd.DataFrame) -> list[Mismatch]:
     if pos.empty:
         return []
-    out: list[Mismatch] = []
-    pos = pos[~pos["op"].str.contains("unknown", regex=False)]  # C++ ops of unknown kind match anything
+    op = pd.Categorical(pos["op"])
+    unknown = np.append([("unknown" in str(c)) for c in op.categories], False)  # C++ ops of unknown kind match anything
+    pos = pos[~unknown[op.codes]]
     if pos.empty:
         return []
-    counts = pos.groupby(["group", "seq"], sort=False)[list(FIELDS)].nunique()
-    op_bad = counts["op"] > 1
+    position = _position_ids(pd.Categorical(pos["group"]).codes, pos["seq"].to_numpy())
+    if position is None:
+        counts = pos.groupby(["group", "seq"], sort=False, observed=True)[list(FIELDS)].nunique()
+        differs = {name: set(counts.index[counts[name] > 1]) for name in FIELDS}
+        labels = list(zip(pos["group"], pos["seq"], strict=True))
+        at = {name: np.fromiter((k in bad for k in labels), dtype=bool, count=len(labels)) for name, bad in differs.items()}
+    else:
+        at = {name: _varies(position, pd.Categorical(pos[name]).codes) for name in FIELDS}
+    out: list[Mismatch] = []
     for name in FIELDS:
-        bad = counts.index[(counts[name] > 1) & (~op_bad if name != "op" else True)]
-        if not len(bad):
+        rows = at[name] if name == "op" else at[name] & ~at["op"]
+        if not rows.any():
             continue
-        sub = pos.set_index(["group", "seq"]).loc[bad].reset_index()
-        for (group, seq), part in sub.groupby(["group", "seq"], sort=False):
+        for (group, seq), part in pos[rows].groupby(["group", "seq"], sort=False, observed=True):
             out.append(_minority(str(group), int(seq), name, part))
     return out
+
+
+def _position_ids(group_code: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
+    """0..k-1 per distinct (group, seq), from one packed key (None when it does not fit)."""
+    key = pack_keys([group_code.astype(np.int64), seq])
+    return None if key is None else pd.factorize(key, sort=False)[0]
+
+
+def _varies(position: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Per row: does its position hold more than one distinct non-null value (nunique > 1)?
+
+    Smallest and largest code per position, by scattered min/max: no hashing of the values at all.
+    """
+    k = int(position.max()) + 1 if len(position) else 0
+    valid = codes >= 0
+    low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    high = np.full(k, -1, dtype=np.int64)
+    np.minimum.at(low, position[valid], codes[valid].astype(np.int64))
+    np.maximum.at(high, position[valid], codes[valid].astype(np.int64))
+    return (high > low)[position]
 
 
 def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:

@@ -116,23 +116,29 @@ def _normalise(cols: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_MEMBERS_SEEN: dict[tuple[Any, ...], tuple[int, ...]] = {}  # per reader process; bounded below
+# per reader process, bounded below: (length, first, last) -> [(the list as read, its checked tuple)]
+_MEMBERS_SEEN: dict[tuple[Any, ...], list[tuple[list[Any], tuple[int, ...]]]] = {}
 
 
 def _members(ranks: list[Any], group: str) -> tuple[int, ...]:
     """Member ranks as ints, checked. The world group lists every rank in every dump: a list this
-    process has already checked costs one tuple and one lookup, not a check per member."""
-    key = tuple(ranks)
-    known = _MEMBERS_SEEN.get(key)
-    if known is not None:
-        return known
+    process has already checked costs one list comparison (in C) and returns the same tuple, which
+    the loader then shares without hashing it."""
+    key = (len(ranks), ranks[0], ranks[-1])
+    try:
+        candidates = _MEMBERS_SEEN.setdefault(key, [])
+    except TypeError:  # unhashable ends: not ranks
+        raise DumpError(f"group {group[:40]!r} has implausible member ranks") from None
+    for seen, members in candidates:
+        if seen == ranks:
+            return members
     arr = np.asarray(ranks)
-    members = key if arr.dtype.kind == "i" and arr.ndim == 1 else tuple(int(r) for r in ranks)
+    members = tuple(ranks) if arr.dtype.kind == "i" and arr.ndim == 1 else tuple(int(r) for r in ranks)
     if not (0 <= min(members) and max(members) < MAX_RANKS):
         raise DumpError(f"group {group[:40]!r} has implausible member ranks")
     if len(_MEMBERS_SEEN) > 4096:
         _MEMBERS_SEEN.clear()
-    _MEMBERS_SEEN[key] = members
+    _MEMBERS_SEEN.setdefault(key, []).append((ranks, members))
     return members
 
 

@@ -100,6 +100,19 @@ def _group_ids(columns: list[np.ndarray]) -> np.ndarray:
     return codes
 
 
+def _per_id(reduce: np.ufunc, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`reduce` (np.maximum, np.minimum, np.fmin) of `values` over the rows of each id, back on every
+    row: a groupby-transform on small non-negative ids, as one scattered reduction."""
+    k = int(ids.max()) + 1 if len(ids) else 0
+    first = np.full(k, len(ids), dtype=np.int64)
+    np.minimum.at(first, ids, np.arange(len(ids)))
+    present = first < len(ids)
+    out = np.zeros(k, dtype=values.dtype)
+    out[present] = values[first[present]]  # seeded with one member's own value
+    reduce.at(out, ids, values)
+    return out[ids]
+
+
 def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
     """Ops keyed by the instance they belong to: (group, seq) for collectives, plus the pair for p2p.
 
@@ -121,7 +134,8 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
     keep = (members == expected) & (members >= 2)
     direction = np.where(is_p2p, np.where(is_send, 1, 2), 0)
     channel = _group_ids([group_code, direction, np.where(is_p2p, peer, -1)])
-    first = pd.Series(np.arange(len(channel))).groupby(channel).first().to_numpy()
+    first = np.full(int(channel.max()) + 1 if len(channel) else 0, len(channel), dtype=np.int64)
+    np.minimum.at(first, channel, np.arange(len(channel)))  # each channel's first row
     names = np.asarray(ops["group"].cat.categories.astype(str))
     labels = [f"{names[group_code[i]]}" if direction[i] == 0 else
               f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}" for i in first]
@@ -149,12 +163,11 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
         return done.assign(**{k: v for k, v in empty.items() if k not in done.columns})
     instance = done["instance"].to_numpy()
     duration = done["duration_ns"].to_numpy()
-    by_instance = pd.Series(duration).groupby(instance)
-    longest, shortest = by_instance.transform("max").to_numpy(), by_instance.transform("min").to_numpy()
+    longest, shortest = _per_id(np.maximum, instance, duration), _per_id(np.minimum, instance, duration)
     done["late_ns"] = longest - duration
     done["last"] = duration == shortest
     gap = done["gap_ns"].to_numpy()
-    least_gap = pd.Series(gap).groupby(instance).transform("min").to_numpy()
+    least_gap = _per_id(np.fmin, instance, gap)  # fmin: a rank's first op (gap NaN) does not hide the others'
     excess = np.clip(gap - least_gap, 0, None)
     done["own_late_ns"] = np.minimum(done["late_ns"].to_numpy(), np.where(np.isnan(excess), np.inf, excess))
     return done

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .columns import pack_keys
 from .constants import COMPLETED, FAILED, PENDING_STATES, UNKNOWN
 from .rankdump import RankDump
 
@@ -204,6 +205,35 @@ def _pg_status_pending(e: pd.DataFrame, dumps: dict[int, RankDump]) -> pd.Series
     return pd.Series(~np.isnan(done) & (e["pg_seq"].to_numpy() > np.nan_to_num(done, nan=np.inf)), index=e.index)
 
 
+def _states_at(positions: pd.DataFrame, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[int, str]]:
+    """Each member's state at the positions ranks are blocked in, selected in one pass by (group code,
+    seq) (a merge with millions of positions on a categorical and an int cost ~0.3 s per million)."""
+    if positions.empty:
+        return {}
+    groups = pd.Categorical(positions["group"])
+    code_of = {str(c): i for i, c in enumerate(groups.categories)}
+    keys = [(code_of[g], s) for g, s in wanted if g in code_of]
+    if not keys:
+        return {}
+    seq = positions["seq"].to_numpy().astype(np.int64)
+    codes = groups.codes.astype(np.int64)
+    pair = np.asarray(keys, dtype=np.int64)
+    packed = pack_keys([np.concatenate([codes, pair[:, 0]]), np.concatenate([seq, pair[:, 1]])])  # one radix for both
+    if packed is None:  # seqs too far apart to pack: a superset, filtered below
+        rows = np.flatnonzero(np.isin(codes, pair[:, 0]) & np.isin(seq, pair[:, 1]))
+    else:
+        rows = np.flatnonzero(np.isin(packed[:len(codes)], packed[len(codes):]))
+    wanted_codes = set(keys)
+    names = [str(c) for c in groups.categories]
+    out: dict[tuple[str, int], dict[int, str]] = {}
+    part = positions.iloc[rows]
+    for code, s, rank, state in zip(codes[rows].tolist(), part["seq"].tolist(), part["rank"].tolist(),
+                                    part["state"].tolist(), strict=True):
+        if (code, s) in wanted_codes:
+            out.setdefault((names[code], int(s)), {})[int(rank)] = state
+    return out
+
+
 def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
     at: dict[tuple[str, int], list[int]] = {}
     for w in waits.values():
@@ -221,9 +251,7 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
     code_of = {str(c): i for i, c in enumerate(groups.categories)}
     blocked_at = {(g, s): set(rs) for (g, s), rs in at.items()}
     blocked_ranks = np.fromiter(waits, dtype=np.int64)
-    needed = pd.DataFrame(list(at), columns=["group", "seq"])
-    states = ctx.positions.merge(needed, on=["group", "seq"])[["group", "seq", "rank", "state"]]
-    state_at = {key: dict(zip(part["rank"], part["state"], strict=True)) for key, part in states.groupby(["group", "seq"])}
+    state_at = _states_at(ctx.positions, set(at))
     absent = np.fromiter(ctx.absent, dtype=np.int64)
     wrapped = np.fromiter(ctx.wrapped, dtype=np.int64)
     for (g, s), waiters in at.items():  # one iteration per distinct blocking position

@@ -246,7 +246,7 @@ def main() -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", default=None, help="also write the raw figures to this file")
     a = p.parse_args()
-    sizes = [int(s) for s in a.sizes.split(",")]
+    sizes = [int(s) for s in a.sizes.split(",") if s]
     print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start (shared machines vary)")
     rows = table(sizes, a, pp=None, title="3-D layout (TP 8 x PP 4 x DP; pipeline send/recv)")
     tpdp = [int(x) for x in a.tpdp_sizes.split(",") if x]

@@ -138,6 +138,9 @@ _CODED: dict[str, tuple[Callable[[Entry], Any], Callable[[Entry], Any]]] = {
 }
 # Columns left out of a dump when every value is null (readers take null for them).
 OMITTED_WHEN_NULL = frozenset(("error", "t_dev_start_ns", "t_dev_end_ns", "stack"))
+# ... and columns left out when every value is this default (no p2p, no root, nothing coalesced or
+# async): each is 2,000 numbers fewer for every reader to parse.
+OMITTED_AT_DEFAULT = {"peer": -1, "root": -1, "unit": -1, "is_async": False}
 
 
 def coded_column(entries: list[Entry], key: Callable[[Entry], Any], value: Callable[[Entry], Any]) -> dict[str, list[Any]]:
@@ -162,7 +165,8 @@ def coded_column(entries: list[Entry], key: Callable[[Entry], Any], value: Calla
 
 def to_columns(entries: list[Entry]) -> dict[str, Any]:
     """Column-oriented table of `entries` (schema 2, see docs/dump-format.md): numbers as arrays,
-    text and shape columns dictionary-encoded, all-null optional columns left out."""
+    text and shape columns dictionary-encoded, optional columns left out when all null or all at
+    their default."""
     columns: dict[str, Any] = {}
     for name in COLUMNS:
         coded = _CODED.get(name)
@@ -174,6 +178,8 @@ def to_columns(entries: list[Entry]) -> dict[str, Any]:
             continue
         values = [_frames(e) for e in entries] if name == "stack" else [getattr(e, name) for e in entries]
         if name in OMITTED_WHEN_NULL and all(v is None for v in values):
+            continue
+        if name in OMITTED_AT_DEFAULT and values and values.count(OMITTED_AT_DEFAULT[name]) == len(values):
             continue
         columns[name] = values
     return columns

@@ -76,3 +76,12 @@ def test_null_in_values_and_left_out_columns(tmp_path: Path) -> None:
     reduce_ops = entries.loc[entries["rank"] == 1, "reduce_op"]
     assert reduce_ops.isna().tolist() == [True, False, True] and reduce_ops.iloc[1] == "SUM"
     assert entries["error"].isna().all() and entries["t_dev_start_ns"].isna().all()
+
+
+def test_columns_left_out_at_their_default_read_as_the_default(tmp_path: Path) -> None:
+    job, folder = _v2_job(tmp_path)
+    cols = job.dump(1)["entries"]
+    assert not {"peer", "root", "unit", "is_async"} & set(cols)  # collectives only: all at the default
+    entries = _load(folder).entries
+    assert (entries["peer"] == -1).all() and (entries["root"] == -1).all() and (entries["unit"] == -1).all()
+    assert not entries["is_async"].any() and len(entries) == 6

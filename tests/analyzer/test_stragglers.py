@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import analyzers
 from analyzers.stragglers import find_slow, p2p_links
@@ -175,3 +177,21 @@ def test_one_slow_rank_in_a_tp_group_is_named_alone() -> None:
     entries, members = _tp_dp(slow={6})
     found = find_slow(entries, {g: len(r) for g, r in members.items()}, {}, members).stragglers
     assert [(s["rank"], s["scope"]) for s in found] == [(6, "rank")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_scattered_reductions_equal_pandas_transforms(data) -> None:  # noqa: ANN001
+    import numpy as np
+    import pandas as pd
+
+    from analyzers.stragglers import _per_id
+
+    n = data.draw(st.integers(1, 50))
+    ids = np.asarray(data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)), dtype=np.int64)
+    ints = np.asarray(data.draw(st.lists(st.integers(-10**12, 10**12), min_size=n, max_size=n)), dtype=np.int64)
+    floats = np.asarray(data.draw(st.lists(st.one_of(st.just(float("nan")), st.floats(-1e9, 1e9)), min_size=n, max_size=n)))
+    by = pd.Series(ints).groupby(ids)
+    assert (_per_id(np.maximum, ids, ints) == by.transform("max").to_numpy()).all()
+    assert (_per_id(np.minimum, ids, ints) == by.transform("min").to_numpy()).all()
+    np.testing.assert_array_equal(_per_id(np.fmin, ids, floats), pd.Series(floats).groupby(ids).transform("min").to_numpy())
