@@ -12,10 +12,12 @@ from functools import cached_property
 from typing import Any
 
 import networkx as nx
+import numpy as np
 import pandas as pd
 
 from . import groups as groups_mod
 from .causes import CauseResult, build_graph, find_causes
+from .columns import pack_keys
 from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
 from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
@@ -203,13 +205,19 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
     wrapped = sorted(r for r, d in dumps.items() if d.dropped > 0 or (d.meta.get("first_id") or 0) > 0)
     if not wrapped:
         return []
-    sub = entries.loc[entries["rank"].isin(wrapped) & (entries["kind"] == "coll"), ["rank", "group", "seq"]]
-    groups = pd.Categorical(sub["group"])  # grouped by code: no string per entry
-    known = groups.codes >= 0
-    first = pd.Series(sub["seq"].to_numpy()[known]).groupby([sub["rank"].to_numpy()[known], groups.codes[known]]).min()
+    groups = pd.Categorical(entries["group"])  # grouped by code: no string per entry
+    rank = entries["rank"].to_numpy()
+    rows = np.isin(rank, wrapped) & (entries["kind"] == "coll").to_numpy() & (groups.codes >= 0)
+    rank, code, seq = rank[rows], groups.codes[rows].astype(np.int64), entries["seq"].to_numpy()[rows]
+    pair = pack_keys([rank, code])  # ranks and group codes are small: it always fits
+    ids = pd.factorize(pair, sort=True)[0] if pair is not None else pd.MultiIndex.from_arrays([rank, code]).factorize(sort=True)[0]
+    first_row = np.full(int(ids.max()) + 1 if len(ids) else 0, len(ids), dtype=np.int64)
+    np.minimum.at(first_row, ids, np.arange(len(ids)))
+    lowest = np.full(len(first_row), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(lowest, ids, seq.astype(np.int64))
     starts_of: dict[int, list[str]] = {}
-    for (rr, code), s in first.items():  # one pass (not one per wrapped rank: that was quadratic in ranks)
-        starts_of.setdefault(int(rr), []).append(f"group {groups.categories[code]} from seq {int(s)}")
+    for rr, cc, s in zip(rank[first_row].tolist(), code[first_row].tolist(), lowest.tolist(), strict=True):
+        starts_of.setdefault(int(rr), []).append(f"group {groups.categories[cc]} from seq {int(s)}")  # one pass
     out = []
     for r in wrapped:
         d = dumps[r]

@@ -198,6 +198,50 @@ def decode_schema2(cols: dict[str, Any], n: int) -> Columns:
     return out
 
 
+def expand_templates(cols: dict[str, Any], templates: dict[str, Any], n: int) -> Columns:
+    """Schema 3: `templates` columns (one row per distinct op) taken onto each entry through the
+    `entries.template` codes; the result is the same columns as a schema 2 dump decodes to."""
+    both = sorted(set(cols) & set(templates) - {"template"})
+    if both:
+        raise ValueError(f"column(s) {', '.join(both[:5])} both in entries and in templates")
+    lengths = {len(v["codes"]) if isinstance(v, dict) else len(v) for v in templates.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"template columns have different lengths {sorted(lengths)}")
+    count = lengths.pop() if lengths else 0
+    raw = cols.get("template")
+    if raw is None:
+        if n and templates:
+            raise ValueError("entries have no `template` column")
+        raw = []
+    if not isinstance(raw, list):
+        raise ValueError("column 'template' is not an array")
+    which = _code_array(raw, "template")
+    if len(which) != n:
+        raise ValueError(f"column 'template' has {len(which)} codes for {n} entries")
+    if n and templates and (int(which.min()) < 0 or int(which.max()) >= count):
+        raise ValueError(f"column 'template' has codes outside its {count} templates")
+    out = decode_schema2({k: v for k, v in cols.items() if k != "template"}, n)
+    for name, value in decode_schema2(templates, count).items():
+        out[name] = _take_template(name, value, which, count)
+    return out
+
+
+def _take_template(name: str, value: Any, which: np.ndarray, count: int) -> Any:
+    """One template column (`count` rows) onto the entries (`which`: each entry's template)."""
+    if isinstance(value, Coded):
+        return Coded(value.codes[which], value.cats)
+    if name in INT_COLUMNS:
+        return _int_column(value, _INT_DEFAULTS[name])[which]
+    if name in BOOL_COLUMNS:
+        return _bool_column(value, count)[which]
+    if name in NULLABLE_INT_COLUMNS:
+        return nullable_ints(value, count)[which]
+    table = np.empty(count, dtype=object)
+    for i, v in enumerate(value):  # a few dozen rows; nested lists must stay one object each
+        table[i] = v
+    return table[which]
+
+
 def _code_array(raw: list[Any], name: str) -> np.ndarray:
     """Codes straight into int32 (`fromiter` with a fixed dtype skips numpy's type discovery: ~2x
     faster than `asarray` on the ~20 lists of every dump)."""
@@ -343,7 +387,7 @@ def pack_keys(columns: Sequence[np.ndarray]) -> np.ndarray | None:
     Why: grouping, factorising or sorting one int64 column is several times cheaper than doing it
     over several columns, and the analysis keys (rank, group code, seq, peer) are small integers.
     """
-    key = np.zeros(len(columns[0]), dtype=np.int64)
+    key: np.ndarray | None = None
     span = 1
     for column in columns:
         low = int(column.min()) if len(column) else 0
@@ -351,8 +395,14 @@ def pack_keys(columns: Sequence[np.ndarray]) -> np.ndarray | None:
         span *= width
         if span >= 1 << 62:
             return None
-        key = key * width + (column.astype(np.int64) - low)
-    return key
+        if key is None:
+            key = column.astype(np.int64)  # a copy: the steps below work in place
+        else:
+            key *= width
+            key += column
+        if low:
+            key -= low
+    return key if key is not None else np.zeros(0, dtype=np.int64)
 
 
 def take_rows(cols: Columns, keep: np.ndarray) -> Columns:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
+from .columns import pack_keys
 from .constants import MAX_RANKS
 from .rankdump import FileProblem, RankDump
 from .textutil import ranges
@@ -121,10 +123,20 @@ def _world_size(
 def _users(entries: pd.DataFrame) -> dict[str, tuple[int, ...]]:
     if entries.empty:
         return {}
-    pairs = entries[["group", "rank"]].drop_duplicates()
+    groups = pd.Categorical(entries["group"])
+    codes, ranks = groups.codes.astype(np.int64), entries["rank"].to_numpy()
+    known = codes >= 0
+    key = pack_keys([codes[known], ranks[known]])
+    if key is None:
+        pairs = pd.DataFrame({"g": codes[known], "r": ranks[known]}).drop_duplicates().sort_values(["g", "r"])
+        code_of, rank_of = pairs["g"].to_numpy(), pairs["r"].to_numpy()
+    else:  # distinct (group, rank) pairs, sorted by group then rank, from one sort of packed keys
+        _, first = np.unique(key, return_index=True)
+        code_of, rank_of = codes[known][first], ranks[known][first]
+    bounds = np.flatnonzero(np.diff(code_of)) + 1
     out: dict[str, tuple[int, ...]] = {}
-    for name, part in pairs.groupby("group", observed=True):
-        out[str(name)] = tuple(sorted(int(r) for r in part["rank"]))
+    for code, members in zip(code_of[np.r_[0, bounds]] if len(code_of) else [], np.split(rank_of, bounds), strict=False):
+        out[str(groups.categories[code])] = tuple(int(r) for r in members)
     return out
 
 

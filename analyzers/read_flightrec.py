@@ -1,9 +1,10 @@
-"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 and 2).
+"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 3).
 
 Why: the dump is already column-oriented, so it becomes a DataFrame without a per-entry Python loop;
 this module only validates the top level and turns lists (shapes, dtypes) into comparable text.
 Schema 2 stores text columns dictionary-encoded, so that text is made once per distinct value and
-the codes go straight into numpy (about 5x less work per file than schema 1's lists of values).
+the codes go straight into numpy (about 5x less work per file than schema 1's lists of values);
+schema 3 stores each distinct op once in `templates`, which halves it again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .columns import decode_schema2, dtype_text, finish_columns, text_column
+from .columns import decode_schema2, dtype_text, expand_templates, finish_columns, text_column
 from .constants import FMT_FLIGHTREC, MAX_RANKS, SUPPORTED_FLIGHTREC_SCHEMAS, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 from .read_torch_fr import parse_pg_status
@@ -51,7 +52,8 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
     if not isinstance(version, int) or isinstance(version, bool):
         raise DumpError(f"flightrec dump without an integer schema_version (got {version!r})")
     if version not in SUPPORTED_FLIGHTREC_SCHEMAS:
-        readable = " and ".join(str(v) for v in SUPPORTED_FLIGHTREC_SCHEMAS)
+        *head, last = (str(v) for v in SUPPORTED_FLIGHTREC_SCHEMAS)
+        readable = f"{', '.join(head)} and {last}" if head else last
         raise DumpError(f"unsupported flightrec schema_version {version} (this analyzer reads {readable})")
     rank = obj.get("rank")
     if not isinstance(rank, int) or rank < 0:
@@ -62,20 +64,18 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
     for what, value in (("rank", rank), ("world_size", world)):
         if isinstance(value, int) and value >= MAX_RANKS:
             raise DumpError(f"implausible {what} {str(value)[:24]} (more than {MAX_RANKS} ranks)")
-    cols = obj.get("entries")
-    if not isinstance(cols, dict):
-        raise DumpError("`entries` is not an object of columns")
-    not_lists = [str(k) for k, v in cols.items() if not isinstance(v, list) and not (version >= 2 and _is_coded(v))]
-    if not_lists:
-        what = "arrays or {values, codes} objects" if version >= 2 else "arrays"
-        raise DumpError(f"entries column(s) {', '.join(not_lists[:5])[:120]} are not {what}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in cols]
+    cols = _table(obj, "entries", version)
+    templates = _table(obj, "templates", version) if version >= 3 else {}
+    missing = [c for c in REQUIRED_COLUMNS if c not in cols and c not in templates]
     n = len(cols.get("id") or [])
     if missing and n:
         raise DumpError(f"entries lack column(s) {', '.join(missing)}")
     try:
-        normalised = _normalise(decode_schema2(cols, n) if version >= 2 else cols)
-        entries = finish_columns(normalised, rank)
+        if version >= 3:
+            decoded = expand_templates(cols, templates, n)
+        else:
+            decoded = decode_schema2(cols, n) if version >= 2 else cols
+        entries = finish_columns(_normalise(decoded), rank)
     except (ValueError, TypeError, IndexError) as exc:
         raise DumpError(f"bad entries: {exc}") from None
 
@@ -99,6 +99,18 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
         meta=meta,
         pg_status=parse_pg_status(pg_status),
     )
+
+
+def _table(obj: dict[str, Any], key: str, version: int) -> dict[str, Any]:
+    """`entries` or `templates`: an object of columns, each an array (or, from schema 2, coded)."""
+    cols = obj.get(key)
+    if not isinstance(cols, dict):
+        raise DumpError(f"`{key}` is not an object of columns")
+    not_lists = [str(k) for k, v in cols.items() if not isinstance(v, list) and not (version >= 2 and _is_coded(v))]
+    if not_lists:
+        what = "arrays or {values, codes} objects" if version >= 2 else "arrays"
+        raise DumpError(f"{key} column(s) {', '.join(not_lists[:5])[:120]} are not {what}")
+    return cols
 
 
 def _is_coded(value: Any) -> bool:

@@ -75,18 +75,41 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     if len(ops) > 1 and not _ordered(rank_col, enq_col):  # entries come by rank in record order: usually sorted
         ops = ops.iloc[np.lexsort((enq_col, rank_col))].reset_index(drop=True)
     rank = ops["rank"].to_numpy()
-    busy = ops.groupby("rank", sort=False)["t_complete_ns"].cummax().to_numpy().astype("float64")
+    starts = np.zeros(len(rank), dtype=np.int64)  # each row's first row of its rank
+    if len(rank):
+        cuts = np.flatnonzero(np.diff(rank)) + 1
+        starts[cuts] = cuts
+        starts = np.maximum.accumulate(starts)
+    busy = _running_max(ops["t_complete_ns"].to_numpy(), starts).astype("float64")
     before = np.empty_like(busy)
     before[0:1] = np.nan
     before[1:] = busy[:-1]
-    if len(rank):
-        before[np.flatnonzero(np.diff(rank)) + 1] = np.nan  # a rank's first op: gap unknown
-    gap = pd.Series(ops["t_enqueue_ns"].to_numpy() - before)
+    before[starts == np.arange(len(rank))] = np.nan  # a rank's first op: gap unknown
+    gap = ops["t_enqueue_ns"].to_numpy() - before
     # Back-to-back ops (a receive then a send) have no compute between them: such an op is
     # preceded by the rank's latest real compute, so that is the gap it is judged by.
-    ops["gap_ns"] = gap.where(gap >= MIN_COMPUTE_NS).groupby(rank, sort=False).ffill().fillna(gap).to_numpy()
+    real = np.flatnonzero(gap >= MIN_COMPUTE_NS)
+    latest = np.full(len(gap), -1, dtype=np.int64)
+    latest[real] = real
+    latest = np.maximum.accumulate(latest) if len(latest) else latest  # the latest real compute so far...
+    own = latest >= starts  # ... on the same rank
+    ops["gap_ns"] = np.where(own, gap[np.maximum(latest, 0)], gap)
     ops["duration_ns"] = ops["t_complete_ns"] - ops["t_enqueue_ns"]
     return ops
+
+
+def _running_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Cumulative max restarting at each rank's first row (`starts`): one accumulate over values
+    lifted by segment, so no segment can see the one before it; a group-by when that overflows."""
+    if not len(values):
+        return values
+    low, high = int(values.min()), int(values.max())
+    segment = np.cumsum(starts == np.arange(len(starts))) - 1
+    width = high - low + 1
+    if width * (int(segment[-1]) + 1) >= 1 << 62:
+        return pd.Series(values).groupby(segment, sort=False).cummax().to_numpy()
+    lift = segment * width - low
+    return np.maximum.accumulate(values + lift) - lift
 
 
 def _group_ids(columns: list[np.ndarray]) -> np.ndarray:

@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from . import log, torch_fr
-from .entry import Entry, to_columns
+from .entry import Entry, to_tables
 from .recorder import Recorder
 from .stacks import all_thread_stacks
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FORMAT = "flightrec-dump"
 
 
@@ -85,6 +85,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
     fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
     _enrich_cpp_entries(entries, fr)
     groups = rec.groups.table()
+    columns, templates = to_tables(entries)
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
     local_rank = os.environ.get("LOCAL_RANK")
     return {
@@ -109,7 +110,8 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
         "recorded": rec.ring.recorded,
         "dropped": max(0, rec.ring.recorded - len(entries)),
         "groups": groups,
-        "entries": to_columns(entries),
+        "templates": templates,
+        "entries": columns,
         "threads": all_thread_stacks(),
         "torch_fr": {"pg_status": fr.get("pg_status")} if fr else None,
         "recorder_errors": list(log.errors),

@@ -163,12 +163,25 @@ def coded_column(entries: list[Entry], key: Callable[[Entry], Any], value: Calla
     return {"values": values, "codes": codes}
 
 
-def to_columns(entries: list[Entry]) -> dict[str, Any]:
-    """Column-oriented table of `entries` (schema 2, see docs/dump-format.md): numbers as arrays,
-    text and shape columns dictionary-encoded, optional columns left out when all null or all at
-    their default."""
+# Schema 3: what an op *is* (its group, op, peer, payload, call site, thread) is stored once per
+# distinct combination in `templates`; `entries` keeps only what changes from one op to the next.
+TEMPLATE_COLUMNS = (
+    "group", "kind", "op", "api", "peer", "root", "reduce_op", "in_shapes", "in_dtypes", "out_shapes",
+    "out_dtypes", "is_async", "thread", "site", "source",
+)
+ENTRY_COLUMNS = tuple(c for c in COLUMNS if c not in TEMPLATE_COLUMNS)
+
+
+def _template_key(e: Entry) -> tuple[Any, ...]:
+    return (e.group, e.kind, e.op, e.api, e.peer, e.root, _reduce_op_name(e.reduce_op), _meta_key(e.inputs),
+            _meta_key(e.outputs), e.is_async, e.thread, _site_key(e.site), e.source)
+
+
+def _columns(entries: list[Entry], names: tuple[str, ...]) -> dict[str, Any]:
+    """Numbers as arrays, text and shape columns dictionary-encoded, optional columns left out when
+    all null or all at their default."""
     columns: dict[str, Any] = {}
-    for name in COLUMNS:
+    for name in names:
         coded = _CODED.get(name)
         if coded is not None:
             column = coded_column(entries, *coded)
@@ -183,3 +196,24 @@ def to_columns(entries: list[Entry]) -> dict[str, Any]:
             continue
         columns[name] = values
     return columns
+
+
+def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The dump's `entries` and `templates` (schema 3, docs/dump-format.md).
+
+    Why: a 2,000-entry ring repeats a few dozen distinct ops; written once each, the per-entry part
+    is six short number columns, and every reader parses about a third of what schema 2 made it parse.
+    """
+    index: dict[tuple[Any, ...], int] = {}
+    first: list[Entry] = []
+    codes: list[int] = []
+    for e in entries:
+        key = _template_key(e)
+        code = index.get(key)
+        if code is None:
+            code = index[key] = len(first)
+            first.append(e)
+        codes.append(code)
+    columns = _columns(entries, ENTRY_COLUMNS)
+    columns["template"] = codes
+    return columns, _columns(first, TEMPLATE_COLUMNS)

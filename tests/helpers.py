@@ -65,19 +65,28 @@ DUMP_COLUMNS = (
 )
 
 
+DEFAULTS = {"peer": -1, "root": -1, "unit": -1, "is_async": False}  # what a left-out column holds
+
+
 def columns(dump: dict[str, Any]) -> dict[str, list[Any]]:
     """The entry columns as plain lists, decoded the way docs/dump-format.md tells any reader to:
-    schema 2's `{"values", "codes"}` columns expanded, the all-null columns it leaves out as nulls."""
+    `{"values", "codes"}` columns expanded, schema 3's `templates` taken onto each entry through
+    `entries.template`, left-out columns as their default (null for most)."""
     cols = dump["entries"]
     n = len(cols["id"])
+    templates = dump.get("templates") or {}
+    which = cols.get("template", [])
     out: dict[str, list[Any]] = {}
     for name in DUMP_COLUMNS:
-        raw = cols.get(name)
+        raw = cols.get(name, templates.get(name))
         if isinstance(raw, dict):
             values = raw["values"]
-            out[name] = [values[c] if c >= 0 else None for c in raw["codes"]]
-        else:
-            out[name] = raw if raw is not None else [None] * n
+            raw = [values[c] if c >= 0 else None for c in raw["codes"]]
+        if raw is None:
+            raw = [DEFAULTS.get(name)] * n
+        elif name in templates:
+            raw = [raw[t] for t in which]
+        out[name] = raw
     return out
 
 

@@ -1,4 +1,5 @@
-"""Schema 2 (dictionary-encoded columns, the recorder's current format) reads exactly as schema 1."""
+"""Schemas 2 (dictionary-encoded columns) and 3 (the recorder's: distinct ops once in `templates`) read
+exactly as schema 1."""
 
 from __future__ import annotations
 
@@ -24,16 +25,18 @@ def _report(a: analyzers.Analysis) -> dict:
     return report
 
 
+@pytest.mark.parametrize("schema", [2, 3])
 @pytest.mark.parametrize("name", sorted(builders.SCENARIOS))
-def test_every_scenario_reads_the_same_in_both_schemas(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_scenario_reads_the_same_in_every_schema(name: str, schema: int, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     one = _load(builders.SCENARIOS[name](tmp_path / "v1"))
-    monkeypatch.setattr(builders, "DEFAULT_SCHEMA", 2)
-    folder = builders.SCENARIOS[name](tmp_path / "v2")
-    some = next(folder.glob("rank-*.json.gz"))
-    assert json.loads(gzip.decompress(some.read_bytes()))["schema_version"] == 2
-    two = _load(folder)
-    pd.testing.assert_frame_equal(one.entries, two.entries)
-    assert _report(one) == _report(two)
+    monkeypatch.setattr(builders, "DEFAULT_SCHEMA", schema)
+    folder = builders.SCENARIOS[name](tmp_path / f"v{schema}")
+    some = json.loads(gzip.decompress(next(folder.glob("rank-*.json.gz")).read_bytes()))
+    assert some["schema_version"] == schema and ("templates" in some) == (schema == 3)
+    other = _load(folder)
+    pd.testing.assert_frame_equal(one.entries, other.entries)
+    assert _report(one) == _report(other)
 
 
 def _v2_job(tmp_path: Path) -> tuple[Job, Path]:
@@ -85,3 +88,40 @@ def test_columns_left_out_at_their_default_read_as_the_default(tmp_path: Path) -
     entries = _load(folder).entries
     assert (entries["peer"] == -1).all() and (entries["root"] == -1).all() and (entries["unit"] == -1).all()
     assert not entries["is_async"].any() and len(entries) == 6
+
+
+def _v3_job(tmp_path: Path) -> tuple[Job, Path]:
+    job = Job(2, schema=3)
+    for _ in range(3):
+        job.collective("0", "all_reduce", site="train.py:7 in step")
+    job.collective("0", "broadcast", root=1, site="train.py:9 in step")
+    return job, job.write(tmp_path / "d")
+
+
+def test_templates_hold_each_distinct_op_once(tmp_path: Path) -> None:
+    job, folder = _v3_job(tmp_path)
+    dump = job.dump(1)
+    assert dump["entries"]["template"] == [0, 0, 0, 1] and dump["templates"]["op"]["values"] == ["all_reduce", "broadcast"]
+    assert "op" not in dump["entries"] and "seq" not in dump["templates"]
+    entries = _load(folder).entries
+    assert entries.loc[entries["rank"] == 1, "op"].tolist() == ["all_reduce"] * 3 + ["broadcast"]
+    assert entries.loc[entries["rank"] == 1, "root"].tolist() == [-1, -1, -1, 1]
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda d: d["entries"]["template"].__setitem__(0, 7), "bad entries: column 'template' has codes outside its 2 templates"),
+        (lambda d: d["entries"].pop("template"), "bad entries: entries have no `template` column"),
+        (lambda d: d["entries"].__setitem__("op", d["templates"]["op"]), "bad entries: column(s) op both in entries and in templates"),
+        (lambda d: d["templates"]["op"]["codes"].append(0), "bad entries: template columns have different lengths"),
+        (lambda d: d.pop("templates"), "`templates` is not an object of columns"),
+        (lambda d: d["templates"].__setitem__("op", 3), "templates column(s) op are not arrays or {values, codes} objects"),
+    ],
+)
+def test_damaged_templates_are_named(tmp_path: Path, damage, expected: str) -> None:  # noqa: ANN001
+    job, folder = _v3_job(tmp_path)
+    dump = job.dump(1)
+    damage(dump)
+    (folder / "rank-00001.json.gz").write_bytes(gzip.compress(json.dumps(dump).encode()))
+    assert _reason(folder).startswith(expected)

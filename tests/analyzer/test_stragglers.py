@@ -195,3 +195,29 @@ def test_scattered_reductions_equal_pandas_transforms(data) -> None:  # noqa: AN
     assert (_per_id(np.maximum, ids, ints) == by.transform("max").to_numpy()).all()
     assert (_per_id(np.minimum, ids, ints) == by.transform("min").to_numpy()).all()
     np.testing.assert_array_equal(_per_id(np.fmin, ids, floats), pd.Series(floats).groupby(ids).transform("min").to_numpy())
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_compute_gaps_equal_the_per_rank_group_by(data) -> None:  # noqa: ANN001
+    """The segmented numpy passes of `_blocking_ops` give the per-rank cummax / forward-fill of pandas."""
+    import numpy as np
+
+    from analyzers.stragglers import MIN_COMPUTE_NS, _blocking_ops
+
+    n = data.draw(st.integers(1, 40))
+    ranks = sorted(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    enq = np.cumsum(data.draw(st.lists(st.integers(0, 300_000), min_size=n, max_size=n)))
+    dur = np.asarray(data.draw(st.lists(st.integers(0, 400_000), min_size=n, max_size=n)))
+    entries = pd.DataFrame({
+        "rank": ranks, "group": pd.Categorical(["0"] * n), "seq": np.arange(1, n + 1), "kind": pd.Categorical(["coll"] * n),
+        "op": pd.Categorical(["all_reduce"] * n), "peer": -1, "state": pd.Categorical(["completed"] * n),
+        "is_async": False, "t_enqueue_ns": pd.array(enq, dtype="Int64"), "t_complete_ns": pd.array(enq + dur, dtype="Int64"),
+    })
+    ops = _blocking_ops(entries)
+    busy = ops.groupby("rank", sort=False)["t_complete_ns"].cummax().to_numpy().astype("float64")
+    before = np.concatenate([[np.nan], busy[:-1]])
+    before[np.flatnonzero(np.diff(ops["rank"].to_numpy())) + 1] = np.nan
+    gap = pd.Series(ops["t_enqueue_ns"].to_numpy() - before)
+    expected = gap.where(gap >= MIN_COMPUTE_NS).groupby(ops["rank"].to_numpy(), sort=False).ffill().fillna(gap).to_numpy()
+    np.testing.assert_array_equal(ops["gap_ns"].to_numpy(), expected)

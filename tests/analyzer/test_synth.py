@@ -53,11 +53,13 @@ def test_layout_and_dump_shape(tmp_path: Path) -> None:
     files = sorted(folder.glob("rank-*.json.gz"))
     assert len(files) == 16
     dump = json.loads(gzip.decompress(files[5].read_bytes()))
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 2
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 3
     lengths = {len(v) for v in columns(dump).values()}
     assert lengths == {120}
-    assert set(dump["entries"]) >= {"id", "group", "seq", "op", "state", "t_enqueue_ns"}
-    assert isinstance(dump["entries"]["op"], dict) and len(dump["entries"]["op"]["values"]) < 10  # coded
+    assert set(dump["entries"]) >= {"id", "seq", "state", "t_enqueue_ns", "template"}
+    assert set(dump["templates"]) >= {"group", "op", "in_shapes", "site"}
+    assert isinstance(dump["templates"]["op"], dict) and len(dump["templates"]["op"]["values"]) < 10  # coded
+    assert len(dump["templates"]["op"]["codes"]) < 30 and max(dump["entries"]["template"]) < 30  # a few distinct ops
     assert dump["dropped"] == dump["recorded"] - 120 > 0
     names = {g["desc"][:2] for g in dump["groups"]}
     assert names == {"de", "tp", "pp", "dp"}

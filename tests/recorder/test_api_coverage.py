@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -101,7 +102,7 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     # re-read one raw dump for the header fields
     out = next(tmp_path_factory.getbasetemp().glob("coverage*"))
     dump = load_dump(out, 2)
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 2
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 3
     assert dump["rank"] == 2 and dump["world_size"] == WORLD and dump["backends"] == ["gloo"]
     assert dump["reason"] == "api:coverage"
     groups = {g["name"]: g for g in dump["groups"]}
@@ -110,8 +111,13 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     assert sub and sub[0]["rank_in_group"] == 1
     assert dump["clock"]["wall_ns"] > dump["clock"]["mono_ns"] > 0
     assert any(t["is_main"] for t in dump["threads"])
-    raw = dump["entries"]
-    counts = Counter(len(v["codes"] if isinstance(v, dict) else v) for v in raw.values())
-    assert len(counts) == 1  # every column has one value (or code) per entry
-    assert isinstance(raw["op"], dict) and len(raw["op"]["values"]) == len(set(raw["op"]["values"]))
+    raw, templates = dump["entries"], dump["templates"]
+    for table, rows in ((raw, len(raw["id"])), (templates, max(raw["template"]) + 1)):
+        counts = Counter(len(v["codes"] if isinstance(v, dict) else v) for v in table.values())
+        assert counts.keys() == {rows}  # every column has one value (or code) per entry / per template
+    op = templates["op"]
+    assert isinstance(op, dict) and len(op["values"]) == len(set(op["values"]))
+    keys = [tuple(json.dumps(templates[c]["values"][templates[c]["codes"][t]] if isinstance(templates[c], dict)
+                             else templates[c][t]) for c in templates) for t in range(len(op["codes"]))]
+    assert len(keys) == len(set(keys))  # each distinct op once
     assert "t_dev_start_ns" not in raw and "stack" not in raw  # all null on gloo without stacks: left out

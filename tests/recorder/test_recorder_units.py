@@ -196,16 +196,17 @@ def test_full_stacks_when_asked(tmp_path: Path) -> None:
     assert load_dump(tmp_path, 1)["settings"]["stacks"] is True
 
 
-def test_columns_at_their_default_are_left_out_and_kept_otherwise() -> None:
-    from flightrec.entry import Entry, to_columns
+def test_templates_hold_each_distinct_op_once_and_defaults_are_left_out() -> None:
+    from flightrec.entry import Entry, to_tables
 
     colls = [Entry(i, "0", "coll", "all_reduce", "all_reduce") for i in range(3)]
     for e in colls:
         e.state, e.t_enqueue_ns, e.t_complete_ns = "completed", 10 + e.id, 20 + e.id
-    cols = to_columns(colls)
-    assert not {"peer", "root", "unit", "is_async", "error", "stack"} & set(cols)
+    cols, templates = to_tables(colls)
+    assert cols["template"] == [0, 0, 0] and templates["op"] == {"values": ["all_reduce"], "codes": [0]}
+    assert not {"peer", "root", "is_async"} & set(templates) and not {"unit", "error", "stack"} & set(cols)
     assert cols["id"] == [0, 1, 2] and cols["t_complete_ns"] == [20, 21, 22]
     colls[1].peer, colls[2].is_async, colls[0].unit = 3, True, 0
-    cols = to_columns(colls)
-    assert cols["peer"] == [-1, 3, -1] and cols["is_async"] == [False, False, True] and cols["unit"] == [0, -1, -1]
-    assert "root" not in cols
+    cols, templates = to_tables(colls)
+    assert cols["template"] == [0, 1, 2] and cols["unit"] == [0, -1, -1]
+    assert templates["peer"] == [-1, 3, -1] and templates["is_async"] == [False, False, True] and "root" not in templates
