@@ -162,10 +162,35 @@ def _dtypes(text: str) -> str:
     return ",".join(_LOWER_DTYPES.get(t, t) for t in dtype_text(text).split(",") if t)
 
 
+_RANGES_SEEN: dict[tuple[int, int, int], tuple[int, ...]] = {}  # per reader process; bounded below
+
+
+def _range_members(spec: dict[str, Any], group: str) -> tuple[int, ...]:
+    """Schema 3's `{"start", "stop", "step"}` members (Python's range), checked, one tuple per range."""
+    bounds = (spec.get("start"), spec.get("stop"), spec.get("step", 1))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in bounds) or bounds[2] <= 0:
+        raise DumpError(f"group {group[:40]!r} has a bad member range {str(spec)[:80]}")
+    key = (int(bounds[0]), int(bounds[1]), int(bounds[2]))
+    known = _RANGES_SEEN.get(key)
+    if known is not None:
+        return known
+    span = range(*key)
+    if not span or span[0] < 0 or span[-1] >= MAX_RANKS:
+        raise DumpError(f"group {group[:40]!r} has implausible member ranks")
+    if len(_RANGES_SEEN) > 4096:
+        _RANGES_SEEN.clear()
+    members = _RANGES_SEEN[key] = tuple(span)
+    return members
+
+
 def _group(g: dict[str, Any]) -> GroupInfo:
     ranks = g.get("ranks")
-    members = _members(ranks, str(g["name"])) if isinstance(ranks, list) and ranks else None
-    return GroupInfo(name=str(g["name"]), desc=str(g.get("desc") or ""), backend=str(g.get("backend") or ""), ranks=members)
+    name = str(g["name"])
+    if isinstance(ranks, dict):
+        members: tuple[int, ...] | None = _range_members(ranks, name)
+    else:
+        members = _members(ranks, name) if isinstance(ranks, list) and ranks else None
+    return GroupInfo(name=name, desc=str(g.get("desc") or ""), backend=str(g.get("backend") or ""), ranks=members)
 
 
 __all__ = ["is_flightrec", "parse"]

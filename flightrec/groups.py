@@ -14,6 +14,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .members import compact_ranks
+
 
 def _no_sequence_number() -> int:
     return -1
@@ -71,7 +73,7 @@ class GroupState:
             "name": self.name,
             "desc": self.desc,
             "backend": self.backend,
-            "ranks": list(self.ranks),
+            "ranks": compact_ranks(self.ranks),
             "size": len(self.ranks),
             "rank_in_group": self.rank_in_group,
         }

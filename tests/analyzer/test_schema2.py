@@ -125,3 +125,33 @@ def test_damaged_templates_are_named(tmp_path: Path, damage, expected: str) -> N
     damage(dump)
     (folder / "rank-00001.json.gz").write_bytes(gzip.compress(json.dumps(dump).encode()))
     assert _reason(folder).startswith(expected)
+
+
+def test_evenly_spaced_members_are_written_as_a_range_and_read_back(tmp_path: Path) -> None:
+    from flightrec.members import compact_ranks
+
+    assert compact_ranks(range(0, 16384)) == {"start": 0, "stop": 16384, "step": 1}
+    assert compact_ranks(range(3, 3 + 32 * 20, 32)) == {"start": 3, "stop": 643, "step": 32}
+    assert compact_ranks([0, 1, 2, 3]) == [0, 1, 2, 3]  # short lists stay lists
+    uneven = [*range(20), 25]
+    assert compact_ranks(uneven) == uneven
+    job = Job(20, schema=3)
+    job.group("1", list(range(0, 20, 2)), "dp")
+    job.group("2", list(range(1, 20, 2)) + [0], "odd")
+    job.collective("0", "all_reduce")
+    folder = job.write(tmp_path / "d")
+    dump = job.dump(4)
+    assert {g["name"]: g["ranks"] for g in dump["groups"]}["0"] == {"start": 0, "stop": 20, "step": 1}
+    members = _load(folder).groups.set_index("group")["ranks"]
+    assert members["0"] == tuple(range(20)) and members["1"] == tuple(range(0, 20, 2))
+    assert members["2"] == (*range(1, 20, 2), 0)
+
+
+@pytest.mark.parametrize("ranks", [{"start": 0, "stop": 4, "step": 0}, {"start": -3, "stop": 4, "step": 1},
+                                   {"start": 0, "stop": "4"}, {"start": 5, "stop": 5, "step": 1}])
+def test_bad_member_ranges_are_named(tmp_path: Path, ranks: dict) -> None:
+    job, folder = _v3_job(tmp_path)
+    dump = job.dump(1)
+    dump["groups"][0]["ranks"] = ranks
+    (folder / "rank-00001.json.gz").write_bytes(gzip.compress(json.dumps(dump).encode()))
+    assert "member" in _reason(folder)
