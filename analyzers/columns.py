@@ -100,6 +100,38 @@ class Coded:
         return table[self.codes]
 
 
+@dataclass
+class AllNull:
+    """A column with every value null, as its length only: what readers send back for the columns a
+    CPU job never fills (errors, stacks, device times), instead of arrays of nulls to pickle."""
+
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
+
+    def real(self, name: str) -> Any:
+        if name in NULLABLE_INT_COLUMNS:
+            return pd.arrays.IntegerArray(np.zeros(self.n, dtype=np.int64), np.ones(self.n, dtype=bool))
+        return np.full(self.n, None, dtype=object)
+
+
+def slim(cols: Columns) -> Columns:
+    """The same columns, smaller to send between processes: all-null columns as `AllNull`, codes in
+    the smallest integer type their categories allow."""
+    out: Columns = {}
+    for name, value in cols.items():
+        if isinstance(value, Coded):
+            small = np.int8 if len(value.cats) < 127 else np.int16 if len(value.cats) < 32767 else np.int32
+            value = Coded(value.codes.astype(small), value.cats)
+        elif name in NULLABLE_INT_COLUMNS and isinstance(value, pd.arrays.IntegerArray) and bool(value._mask.all()):
+            value = AllNull(len(value))
+        elif name in OBJECT_COLUMNS and isinstance(value, np.ndarray) and bool((value == None).all()):  # noqa: E711
+            value = AllNull(len(value))
+        out[name] = value
+    return out
+
+
 def encode(values: Any) -> Coded:
     """Factorise a column of str (or lists: shapes, dtypes) into codes and distinct strings.
 
@@ -351,6 +383,10 @@ def concat_columns(parts: Sequence[Columns], consume: bool = False, trim: bool =
     data: Columns = {}
     for name in ENTRY_COLUMNS:
         pieces = [p.pop(name) if consume else p[name] for p in parts]
+        if all(isinstance(p, AllNull) for p in pieces):
+            data[name] = AllNull(sum(len(p) for p in pieces))
+            continue
+        pieces = [p.real(name) if isinstance(p, AllNull) else p for p in pieces]
         if name in CATEGORY_COLUMNS:
             data[name] = _union(pieces)
         elif name in NULLABLE_INT_COLUMNS:
@@ -370,6 +406,8 @@ def to_frame(cols: Columns) -> pd.DataFrame:
         value = cols.pop(name)
         if isinstance(value, Coded):
             value = pd.Categorical.from_codes(value.codes, categories=pd.Index(value.cats, dtype=object))
+        elif isinstance(value, AllNull):
+            value = value.real(name)
         data[name] = value
     # copy=False: the columns are fresh, and consolidating them into 2-D blocks would copy them all once more
     return pd.DataFrame(data, columns=list(ENTRY_COLUMNS), copy=False)
@@ -409,7 +447,10 @@ def take_rows(cols: Columns, keep: np.ndarray) -> Columns:
     """The rows of `cols` where `keep` (a boolean mask or an index array) selects them."""
     out: Columns = {}
     for name, value in cols.items():
-        out[name] = Coded(value.codes[keep], value.cats) if isinstance(value, Coded) else value[keep]
+        if isinstance(value, AllNull):
+            out[name] = AllNull(int(keep.sum()) if keep.dtype == bool else len(keep))
+        else:
+            out[name] = Coded(value.codes[keep], value.cats) if isinstance(value, Coded) else value[keep]
     return out
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import sources
-from .columns import Columns, concat_columns, take_rows, to_frame
+from .columns import Columns, concat_columns, slim, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .rankdump import FileProblem, RankDump
 from .read import read_path
@@ -98,7 +98,7 @@ def read_batch(names: list[str]) -> Batch:
             start += rows
             parts.append(result.entries)
             result.entries = {}
-    table = concat_columns(parts, consume=True, trim=False) if parts else None  # a worker's heap is short-lived
+    table = slim(concat_columns(parts, consume=True, trim=False)) if parts else None  # a worker's heap is short-lived
     return Batch(results, table, spans)
 
 

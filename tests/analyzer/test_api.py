@@ -50,3 +50,20 @@ def test_report_is_plain_json(scenario, name):
 
     report = analyzers.load(scenario(name)).report()
     assert json.loads(json.dumps(report)) == report  # no numpy scalars, no tuples, no NaN
+
+
+def test_parallel_batches_with_and_without_nulls_agree(tmp_path):
+    """Reader batches send all-null columns as their length only; mixed with a batch that has
+    values (an error on one rank), the merged table is the serial one."""
+    from fixtures.builders import Job
+
+    job = Job(24)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[20], state="failed", error="RuntimeError: peer closed")
+    job.collective("0", "all_reduce", ranks=[r for r in range(24) if r != 20], state="started")
+    folder = job.write(tmp_path / "d")
+    serial = analyzers.load(folder, workers=1)
+    parallel = analyzers.load(folder, workers=2)
+    pd.testing.assert_frame_equal(serial.entries, parallel.entries)
+    assert serial.entries["error"].notna().sum() == 1 and serial.entries["t_dev_start_ns"].isna().all()
+    assert serial.report() == parallel.report()
