@@ -130,8 +130,10 @@ def _users(entries: pd.DataFrame) -> dict[str, tuple[int, ...]]:
     if key is None:
         pairs = pd.DataFrame({"g": codes[known], "r": ranks[known]}).drop_duplicates().sort_values(["g", "r"])
         code_of, rank_of = pairs["g"].to_numpy(), pairs["r"].to_numpy()
-    else:  # distinct (group, rank) pairs, sorted by group then rank, from one sort of packed keys
-        _, first = np.unique(key, return_index=True)
+    else:  # distinct (group, rank) pairs, sorted by group then rank: packed keys hashed, the few distinct ones sorted
+        ids, distinct = pd.factorize(key, sort=True)
+        first = np.full(len(distinct), len(ids), dtype=np.int64)
+        np.minimum.at(first, ids, np.arange(len(ids)))
         code_of, rank_of = codes[known][first], ranks[known][first]
     bounds = np.flatnonzero(np.diff(code_of)) + 1
     out: dict[str, tuple[int, ...]] = {}

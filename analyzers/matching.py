@@ -212,10 +212,11 @@ def _varies(position: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """
     k = int(position.max()) + 1 if len(position) else 0
     valid = codes >= 0
-    low = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
-    high = np.full(k, -1, dtype=np.int64)
-    np.minimum.at(low, position[valid], codes[valid].astype(np.int64))
-    np.maximum.at(high, position[valid], codes[valid].astype(np.int64))
+    where, values = position[valid], codes[valid]  # in the codes' own (small) integer type
+    low = np.full(k, np.iinfo(codes.dtype).max, dtype=codes.dtype)
+    high = np.full(k, -1, dtype=codes.dtype)
+    np.minimum.at(low, where, values)
+    np.maximum.at(high, where, values)
     return (high > low)[position]
 
 
