@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import groups as groups_mod
 from .causes import CauseResult, build_graph, find_causes
-from .columns import pack_keys
+from .columns import first_rows, group_ids
 from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
 from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
@@ -209,10 +209,8 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
     rank = entries["rank"].to_numpy()
     rows = np.isin(rank, wrapped) & (entries["kind"] == "coll").to_numpy() & (groups.codes >= 0)
     rank, code, seq = rank[rows], groups.codes[rows].astype(np.int64), entries["seq"].to_numpy()[rows]
-    pair = pack_keys([rank, code])  # ranks and group codes are small: it always fits
-    ids = pd.factorize(pair, sort=True)[0] if pair is not None else pd.MultiIndex.from_arrays([rank, code]).factorize(sort=True)[0]
-    first_row = np.full(int(ids.max()) + 1 if len(ids) else 0, len(ids), dtype=np.int64)
-    np.minimum.at(first_row, ids, np.arange(len(ids)))
+    ids = group_ids([rank, code], sort=True)  # one id per (rank, group), in rank then group order
+    first_row = first_rows(ids)
     lowest = np.full(len(first_row), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(lowest, ids, seq.astype(np.int64))
     starts_of: dict[int, list[str]] = {}

@@ -124,7 +124,7 @@ def slim(cols: Columns) -> Columns:
         if isinstance(value, Coded):
             small = np.int8 if len(value.cats) < 127 else np.int16 if len(value.cats) < 32767 else np.int32
             value = Coded(value.codes.astype(small), value.cats)
-        elif name in NULLABLE_INT_COLUMNS and isinstance(value, pd.arrays.IntegerArray) and bool(value._mask.all()):
+        elif name in NULLABLE_INT_COLUMNS and isinstance(value, pd.arrays.IntegerArray) and bool(value.isna().all()):
             value = AllNull(len(value))
         elif name in OBJECT_COLUMNS and isinstance(value, np.ndarray) and bool((value == None).all()):  # noqa: E711
             value = AllNull(len(value))
@@ -441,6 +441,24 @@ def pack_keys(columns: Sequence[np.ndarray]) -> np.ndarray | None:
         if low:
             key -= low
     return key if key is not None else np.zeros(0, dtype=np.int64)
+
+
+def group_ids(columns: Sequence[np.ndarray], sort: bool = False) -> np.ndarray:
+    """0..k-1 per distinct row of the integer `columns`: numbered in order of first appearance, or
+    (`sort`) in order of the rows' values, first column first. One packed key factorised once; a
+    multi-column group-by when the key does not fit."""
+    key = pack_keys(columns)
+    if key is None:
+        frame = pd.DataFrame({str(i): c for i, c in enumerate(columns)})
+        return frame.groupby(list(frame.columns), sort=sort).ngroup().to_numpy()
+    return pd.factorize(key, sort=sort)[0]
+
+
+def first_rows(ids: np.ndarray) -> np.ndarray:
+    """For ids 0..k-1 (as from `group_ids`), the index of each id's first row: one scattered min."""
+    first = np.full(int(ids.max()) + 1 if len(ids) else 0, len(ids), dtype=np.int64)
+    np.minimum.at(first, ids, np.arange(len(ids)))
+    return first
 
 
 def take_rows(cols: Columns, keep: np.ndarray) -> Columns:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .columns import pack_keys
+from .columns import first_rows, group_ids
 from .constants import MAX_RANKS
 from .rankdump import FileProblem, RankDump
 from .textutil import ranges
@@ -126,15 +126,9 @@ def _users(entries: pd.DataFrame) -> dict[str, tuple[int, ...]]:
     groups = pd.Categorical(entries["group"])
     codes, ranks = groups.codes.astype(np.int64), entries["rank"].to_numpy()
     known = codes >= 0
-    key = pack_keys([codes[known], ranks[known]])
-    if key is None:
-        pairs = pd.DataFrame({"g": codes[known], "r": ranks[known]}).drop_duplicates().sort_values(["g", "r"])
-        code_of, rank_of = pairs["g"].to_numpy(), pairs["r"].to_numpy()
-    else:  # distinct (group, rank) pairs, sorted by group then rank: packed keys hashed, the few distinct ones sorted
-        ids, distinct = pd.factorize(key, sort=True)
-        first = np.full(len(distinct), len(ids), dtype=np.int64)
-        np.minimum.at(first, ids, np.arange(len(ids)))
-        code_of, rank_of = codes[known][first], ranks[known][first]
+    codes, ranks = codes[known], ranks[known]
+    first = first_rows(group_ids([codes, ranks], sort=True))  # distinct (group, rank) pairs, by group then rank
+    code_of, rank_of = codes[first], ranks[first]
     bounds = np.flatnonzero(np.diff(code_of)) + 1
     out: dict[str, tuple[int, ...]] = {}
     for code, members in zip(code_of[np.r_[0, bounds]] if len(code_of) else [], np.split(rank_of, bounds), strict=False):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import pack_keys
+from .columns import first_rows, group_ids, pack_keys
 from .constants import (
     ALL_GATHER_OPS,
     GATHER_OPS,
@@ -96,10 +96,9 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
     ]
     if coll.empty:
         return pd.DataFrame(columns=["rank", "group", "seq", "id", "state", *FIELDS])
-    key = _combination_ids(coll)
-    first_rows = np.full(int(key.max()) + 1, len(key), dtype=np.int64)
-    np.minimum.at(first_rows, key, np.arange(len(key)))  # one row per distinct combination, in key order
-    firsts = coll.iloc[first_rows]
+    # one id per distinct (group, op, shapes, dtypes) combination, from the categorical codes
+    key = group_ids([pd.Categorical(coll[c]).codes.astype(np.int64) for c in _SIG_COLUMNS])
+    firsts = coll.iloc[first_rows(key)]  # one row per distinct combination, in id order
     shape_sig = np.empty(len(firsts), dtype=object)
     dtype_sig = np.empty(len(firsts), dtype=object)
     for i, row in enumerate(firsts.itertuples(index=False)):  # distinct combinations only
@@ -144,16 +143,6 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
     return sig
 
 
-def _combination_ids(coll: pd.DataFrame) -> np.ndarray:
-    """0..k-1 per distinct (group, op, shapes, dtypes) combination: the categorical codes packed into
-    one int64 and factorised (a six-column group-by costs several times more)."""
-    codes = [pd.Categorical(coll[c]).codes.astype(np.int64) for c in _SIG_COLUMNS]
-    key = pack_keys(codes)
-    if key is None:
-        return coll.groupby(_SIG_COLUMNS, observed=True, dropna=False, sort=False).ngroup().to_numpy()
-    return pd.factorize(key, sort=False)[0]
-
-
 def _repeated(rank: np.ndarray, group: np.ndarray, seq: np.ndarray) -> pd.Series:
     """Rows whose (rank, group, seq) occurs more than once: one packed int64 key, sorted once
     (a sort beats hashing millions of keys, and repeats are rare)."""
@@ -181,14 +170,8 @@ def _collective_mismatches(pos: pd.DataFrame) -> list[Mismatch]:
     pos = pos[~unknown[op.codes]]
     if pos.empty:
         return []
-    position = _position_ids(pd.Categorical(pos["group"]).codes, pos["seq"].to_numpy())
-    if position is None:
-        counts = pos.groupby(["group", "seq"], sort=False, observed=True)[list(FIELDS)].nunique()
-        differs = {name: set(counts.index[counts[name] > 1]) for name in FIELDS}
-        labels = list(zip(pos["group"], pos["seq"], strict=True))
-        at = {name: np.fromiter((k in bad for k in labels), dtype=bool, count=len(labels)) for name, bad in differs.items()}
-    else:
-        at = {name: _varies(position, pd.Categorical(pos[name]).codes) for name in FIELDS}
+    position = group_ids([pd.Categorical(pos["group"]).codes.astype(np.int64), pos["seq"].to_numpy()])
+    at = {name: _varies(position, pd.Categorical(pos[name]).codes) for name in FIELDS}
     out: list[Mismatch] = []
     for name in FIELDS:
         rows = at[name] if name == "op" else at[name] & ~at["op"]
@@ -197,12 +180,6 @@ def _collective_mismatches(pos: pd.DataFrame) -> list[Mismatch]:
         for (group, seq), part in pos[rows].groupby(["group", "seq"], sort=False, observed=True):
             out.append(_minority(str(group), int(seq), name, part))
     return out
-
-
-def _position_ids(group_code: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
-    """0..k-1 per distinct (group, seq), from one packed key (None when it does not fit)."""
-    key = pack_keys([group_code.astype(np.int64), seq])
-    return None if key is None else pd.factorize(key, sort=False)[0]
 
 
 def _varies(position: np.ndarray, codes: np.ndarray) -> np.ndarray:

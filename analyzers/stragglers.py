@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import pack_keys
+from .columns import first_rows, group_ids
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and be the last to arrive in at least this share of its collectives
@@ -112,25 +112,12 @@ def _running_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(values + lift) - lift
 
 
-def _group_ids(columns: list[np.ndarray]) -> np.ndarray:
-    """0..k-1 per distinct row of the integer `columns`, numbered in order of first appearance
-    (one packed key factorised once; a multi-column group-by when the key does not fit)."""
-    key = pack_keys(columns)
-    if key is None:
-        frame = pd.DataFrame({str(i): c for i, c in enumerate(columns)})
-        return frame.groupby(list(frame.columns), sort=False).ngroup().to_numpy()
-    codes, _ = pd.factorize(key, sort=False)
-    return codes
-
-
 def _per_id(reduce: np.ufunc, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     """`reduce` (np.maximum, np.minimum, np.fmin) of `values` over the rows of each id, back on every
     row: a groupby-transform on small non-negative ids, as one scattered reduction."""
-    k = int(ids.max()) + 1 if len(ids) else 0
-    first = np.full(k, len(ids), dtype=np.int64)
-    np.minimum.at(first, ids, np.arange(len(ids)))
+    first = first_rows(ids)
     present = first < len(ids)
-    out = np.zeros(k, dtype=values.dtype)
+    out = np.zeros(len(first), dtype=values.dtype)
     out[present] = values[first[present]]  # seeded with one member's own value
     reduce.at(out, ids, values)
     return out[ids]
@@ -150,15 +137,14 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
     group_code = ops["group"].cat.codes.to_numpy().astype("int64")
     src = np.where(is_p2p, np.where(is_send, rank, peer), -1)
     dst = np.where(is_p2p, np.where(is_send, peer, rank), -1)
-    instance = _group_ids([is_p2p.astype("int64"), group_code, src, dst, ops["seq"].to_numpy()])
+    instance = group_ids([is_p2p.astype("int64"), group_code, src, dst, ops["seq"].to_numpy()])
     members = np.bincount(instance)[instance]
     sizes = np.array([group_sizes.get(str(g), 0) for g in ops["group"].cat.categories], dtype="int64")
     expected = np.where(is_p2p, 2, sizes[group_code] if len(sizes) else 0)
     keep = (members == expected) & (members >= 2)
     direction = np.where(is_p2p, np.where(is_send, 1, 2), 0)
-    channel = _group_ids([group_code, direction, np.where(is_p2p, peer, -1)])
-    first = np.full(int(channel.max()) + 1 if len(channel) else 0, len(channel), dtype=np.int64)
-    np.minimum.at(first, channel, np.arange(len(channel)))  # each channel's first row
+    channel = group_ids([group_code, direction, np.where(is_p2p, peer, -1)])
+    first = first_rows(channel)
     names = np.asarray(ops["group"].cat.categories.astype(str))
     labels = [f"{names[group_code[i]]}" if direction[i] == 0 else
               f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}" for i in first]

@@ -204,16 +204,7 @@ def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:
     Why: a 2,000-entry ring repeats a few dozen distinct ops; written once each, the per-entry part
     is six short number columns, and every reader parses about a third of what schema 2 made it parse.
     """
-    index: dict[tuple[Any, ...], int] = {}
-    first: list[Entry] = []
-    codes: list[int] = []
-    for e in entries:
-        key = _template_key(e)
-        code = index.get(key)
-        if code is None:
-            code = index[key] = len(first)
-            first.append(e)
-        codes.append(code)
+    templates = coded_column(entries, _template_key, lambda e: e)  # the first entry of each distinct op
     columns = _columns(entries, ENTRY_COLUMNS)
-    columns["template"] = codes
-    return columns, _columns(first, TEMPLATE_COLUMNS)
+    columns["template"] = templates["codes"]
+    return columns, _columns(templates["values"], TEMPLATE_COLUMNS)
