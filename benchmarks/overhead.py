@@ -42,17 +42,24 @@ def measure(block: int, blocks: int) -> dict[str, list[float]]:
 
     group = current().recorder.groups.get(dist.group.WORLD)
 
+    work_type = dist.distributed_c10d.Work
+    patched_wait = work_type.wait
+    raw_wait = getattr(patched_wait, "__flightrec_wrapped__", patched_wait)
+
     def unrecorded(fn):  # noqa: ANN001, ANN202
-        """The baseline's calls bypass the wrapper but still advance the group's backend counter:
-        without this, the next wrapped call would record them all as C++-issued collectives (as it
-        must in a real job) and the baseline's cost would be billed to flightrec."""
+        """The baseline runs as without flightrec: Work.wait (which PyTorch's blocking collectives
+        call too) unwrapped, and its calls kept out of the recorder's C++-op detection (they still
+        advance the group's backend counter: without this, the next wrapped call would record them
+        all as C++-issued collectives, as it must in a real job, and bill their cost to flightrec)."""
         def run(body):  # noqa: ANN001, ANN202
             if fn is not original:
                 return body()
             group.busy += 1  # the watchdog does not scan a busy group
+            work_type.wait = raw_wait
             try:
                 return body()
             finally:
+                work_type.wait = patched_wait
                 group.last_pg_seq = group.backend_seq()
                 group.busy -= 1
         return run
@@ -81,18 +88,33 @@ def measure(block: int, blocks: int) -> dict[str, list[float]]:
     spec = dataclasses.replace(SPEC_BY_API["all_reduce"], api="all_reduce_no_op")
     bookkeeping = _leaf_wrapper(current().recorder, spec.bind_positions(original), no_op)
 
+    has_c = hasattr(wrapped, "enabled")  # the C hot path (flightrec/_fastpath.c) is in use
+
+    def python_only(loop, fn):  # noqa: ANN001, ANN202
+        """The same wrappers with their C hot path off: every call and wait takes the Python wrapper."""
+        def run(f):  # noqa: ANN001, ANN202
+            fn.enabled = patched_wait.enabled = 0
+            try:
+                return loop(f)
+            finally:
+                fn.enabled = patched_wait.enabled = 1
+        return run
+
     for _ in range(5):  # warm up
         sync_loop(original), sync_loop(wrapped), async_loop(original), async_loop(wrapped)
-    out: dict[str, list[float]] = {"sync_base": [], "sync_flightrec": [], "async_base": [], "async_flightrec": [],
-                                   "bookkeeping": []}
+    out: dict[str, list[float]] = {}
     for i in range(blocks):
         order = [("sync_base", sync_loop, original), ("sync_flightrec", sync_loop, wrapped),
-                 ("async_base", async_loop, original), ("async_flightrec", async_loop, wrapped)]
+                 ("async_base", async_loop, original), ("async_flightrec", async_loop, wrapped),
+                 ("bookkeeping", sync_loop, bookkeeping)]
+        if has_c:
+            order += [("sync_python", python_only(sync_loop, wrapped), wrapped),
+                      ("async_python", python_only(async_loop, wrapped), wrapped),
+                      ("bookkeeping_python", python_only(sync_loop, bookkeeping), bookkeeping)]
         if i % 2:
             order.reverse()
         for name, loop, fn in order:
-            out[name].append(loop(fn))
-        out["bookkeeping"].append(sync_loop(bookkeeping))
+            out.setdefault(name, []).append(loop(fn))
     recorder = current().recorder
     c_plus_plus = sum(1 for e in recorder.ring.snapshot() if e.source == "c++")
     assert c_plus_plus == 0, f"{c_plus_plus} baseline calls were recorded as C++ collectives"
@@ -117,15 +139,21 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40)
     args = parser.parse_args()
     runs: dict[int, dict[str, list[float]]] = {0: {}, 2000: {}}
-    for _ in range(args.rounds):
-        for fr in (0, 2000):
-            for key, values in child(fr, args.block, args.blocks).items():
+    fr_rounds: dict[str, list[float]] = {"sync": [], "async": []}
+    for round_ in range(args.rounds):
+        medians = {}
+        for fr in ((0, 2000) if round_ % 2 == 0 else (2000, 0)):  # alternating order cancels drift
+            result = child(fr, args.block, args.blocks)
+            medians[fr] = {key: statistics.median(values) for key, values in result.items()}
+            for key, values in result.items():
                 runs[fr].setdefault(key, []).extend(values)
+        for mode in ("sync", "async"):  # PyTorch's recorder: two back-to-back processes, on vs off
+            fr_rounds[mode].append(medians[2000][f"{mode}_base"] - medians[0][f"{mode}_base"])
     med = {fr: {k: statistics.median(v) for k, v in r.items()} for fr, r in runs.items()}
     # flightrec's added time: paired within the same processes (PyTorch's recorder off)
     added = {mode: statistics.median([w - b for w, b in zip(runs[0][f"{mode}_flightrec"], runs[0][f"{mode}_base"], strict=False)])
              for mode in ("sync", "async")}
-    torch_fr = {mode: med[2000][f"{mode}_base"] - med[0][f"{mode}_base"] for mode in ("sync", "async")}
+    torch_fr = {mode: statistics.median(fr_rounds[mode]) for mode in ("sync", "async")}
     print(f"all_reduce of 16 floats, world_size=1 gloo; {args.rounds} rounds x {args.blocks} blocks x {args.block} calls")
     print(f"{'':8} {'baseline us':>12} {'+flightrec us':>14} {'+torch FR us':>13} {'flightrec/base':>15} "
           f"{'flightrec/torchFR':>18}")
@@ -134,8 +162,17 @@ def main() -> None:
         ratio_fr = added[mode] / torch_fr[mode] if torch_fr[mode] > 0 else float("inf")
         print(f"{mode:8} {base:12.2f} {added[mode]:14.2f} {torch_fr[mode]:13.2f} {(base + added[mode]) / base:15.3f} "
               f"{ratio_fr:18.2f}")
+    print("PyTorch's recorder, per round (on minus off, us): "
+          + ", ".join(f"{mode} " + " ".join(f"{d:.1f}" for d in fr_rounds[mode]) for mode in ("sync", "async")))
     print(f"flightrec's bookkeeping alone (its wrapper around a no-op, hot loop): "
           f"{statistics.median(runs[0]['bookkeeping']):.2f} us per call")
+    if "sync_python" in runs[0]:
+        python = {mode: statistics.median([w - b for w, b in zip(runs[0][f"{mode}_python"], runs[0][f"{mode}_base"],
+                                                                  strict=False)]) for mode in ("sync", "async")}
+        print(f"the same wrapper with its C hot path off (pure Python), interleaved: +{python['sync']:.2f} us sync, "
+              f"+{python['async']:.2f} us async, bookkeeping {statistics.median(runs[0]['bookkeeping_python']):.2f} us")
+    else:
+        print("the C hot path (flightrec/_fastpath.c) is not in use: these are the pure-Python figures")
     print(f"target: sync added <= 5.00 us -> {'met' if added['sync'] <= 5.0 else 'NOT met'}; "
           f"no more than PyTorch's recorder adds -> {'met' if added['sync'] <= max(torch_fr['sync'], 0) else 'NOT met'}")
 

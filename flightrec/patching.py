@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import log
+from . import fastpath, log
 from .ops import SPECS, OpSpec
 from .recorder import Recorder
 
@@ -64,7 +64,10 @@ def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> 
         return result
 
     setattr(wrapper, WRAPPED_MARK, original)
-    return wrapper
+    fast = fastpath.leaf(rec, spec, original, wrapper, _record_failure)
+    if fast is not wrapper:
+        setattr(fast, WRAPPED_MARK, original)
+    return fast
 
 
 def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], ctx: tuple[Any, Any],
@@ -231,7 +234,10 @@ def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., 
         return result
 
     setattr(wait, WRAPPED_MARK, original)
-    return wait
+    fast = fastpath.wait(rec, original, wait)
+    if fast is not wait:
+        setattr(fast, WRAPPED_MARK, original)
+    return fast
 
 
 class Patcher:

@@ -9,7 +9,7 @@ training threads append.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -49,6 +49,11 @@ class Ring(Generic[T]):
     def next_id(self) -> Callable[[], int]:
         """Hands out the next id, atomically (the hot path keeps this bound method)."""
         return self._ids.__next__
+
+    @property
+    def ids(self) -> Iterator[int]:
+        """The id counter itself (`itertools.count`), for the C hot path (flightrec/_fastpath.c)."""
+        return self._ids
 
     def put(self, record_id: int, item: T) -> None:
         """Store `item` under an id from `next_id`; overwrites the oldest slot once full."""

@@ -1,23 +1,58 @@
-"""Every recorded API shows up with the right op, group, peer, shapes and matching sequence numbers."""
+"""Every recorded API shows up with the right op, group, peer, shapes and matching sequence numbers,
+recorded by the C hot path and by the pure-Python wrapper alike."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+from flightrec import fastpath
 from tests.helpers import entries, load_dump, run_ranks
 from tests.recorder import workers
 
 WORLD = 3
+# what differs between two runs of the same job: times, and ids shifted by C++-op records
+VARYING = ("id", "t_enqueue_ns", "t_complete_ns", "unit")
 
 
 @pytest.fixture(scope="module")
-def coverage_dumps(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict]]:
-    out = tmp_path_factory.mktemp("coverage")
-    run_ranks(workers.every_api, WORLD, str(out), timeout_s=90)
+def coverage_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same job twice: with the C hot path (when built) and with FLIGHTREC_FASTPATH=0."""
+    runs = {}
+    for mode in ("c", "python"):
+        if mode == "c" and not fastpath.available():
+            continue
+        out = tmp_path_factory.mktemp(f"coverage-{mode}")
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("FLIGHTREC_FASTPATH", "1" if mode == "c" else "0")
+            run_ranks(workers.every_api, WORLD, str(out), timeout_s=90)
+        runs[mode] = out
+    return runs
+
+
+@pytest.fixture(scope="module", params=["c", "python"])
+def coverage_dumps(request: pytest.FixtureRequest, coverage_runs: dict[str, Path]) -> list[list[dict]]:
+    if request.param not in coverage_runs:
+        pytest.skip("the C hot path is off or not built")
+    out = coverage_runs[request.param]
+    wrappers = {(out / f"wrapper-{r}.txt").read_text() for r in range(WORLD)}
+    assert wrappers == ({"Leaf"} if request.param == "c" else {"function"})
     return [entries(load_dump(out, r)) for r in range(WORLD)]
+
+
+def test_c_and_python_hot_paths_record_the_same(coverage_runs: dict[str, Path]) -> None:
+    if "c" not in coverage_runs:
+        pytest.skip("the C hot path is off or not built")
+    for rank in range(WORLD):
+        c, python = (entries(load_dump(coverage_runs[mode], rank)) for mode in ("c", "python"))
+        assert len(c) == len(python)
+        for fast, slow in zip(c, python, strict=True):
+            assert {k: v for k, v in fast.items() if k not in VARYING} == \
+                   {k: v for k, v in slow.items() if k not in VARYING}
+            assert (fast["unit"] >= 0) == (slow["unit"] >= 0)
 
 
 def _python(rows: list[dict]) -> list[dict]:
@@ -100,7 +135,7 @@ def test_subgroup_from_new_group(coverage_dumps: list[list[dict]]) -> None:
 
 def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, coverage_dumps: list[list[dict]]) -> None:
     # re-read one raw dump for the header fields
-    out = next(tmp_path_factory.getbasetemp().glob("coverage*"))
+    out = next(tmp_path_factory.getbasetemp().glob("coverage-*"))
     dump = load_dump(out, 2)
     assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 3
     assert dump["rank"] == 2 and dump["world_size"] == WORLD and dump["backends"] == ["gloo"]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
+from flightrec import fastpath
 from flightrec.ring import Ring
 from flightrec.settings import Settings, SettingsError, load_settings
 from tests.helpers import entries, load_dump, run_ranks
@@ -210,3 +214,12 @@ def test_templates_hold_each_distinct_op_once_and_defaults_are_left_out() -> Non
     cols, templates = to_tables(colls)
     assert cols["template"] == [0, 1, 2] and cols["unit"] == [0, -1, -1]
     assert templates["peer"] == [-1, 3, -1] and templates["is_async"] == [False, False, True] and "root" not in templates
+
+
+def test_c_hot_path_is_built_where_a_compiler_is() -> None:
+    """The install builds flightrec/_fastpath.c when it can: a silent fallback would cost ~2x per op."""
+    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[:1]
+    if not compiler or shutil.which(compiler[0]) is None:
+        pytest.skip("no C compiler: the recorder is pure Python here")
+    assert fastpath._fastpath is not None, "flightrec/_fastpath.c was not built by `pip install`"
+    assert fastpath._fastpath.SUPPORTED or sys.version_info < (3, 11)

@@ -52,11 +52,16 @@ def every_api(rank: int, world_size: int, port: int, out: str) -> None:
         dist.all_reduce(torch.ones(9))
         dist.all_reduce(torch.ones(9))
     cm.wait()
+    # keyword arguments (the C hot path reads them by name)
+    dist.all_reduce(tensor=t, op=dist.ReduceOp.MIN)
+    dist.broadcast(tensor=t, src=1, group=None, async_op=True).wait()
     sub = dist.new_group([0, 2])
     if rank in (0, 2):
         dist.all_reduce(torch.ones(10), group=sub)
         dist.all_reduce(torch.ones(10), group=sub)
     flightrec.dump("coverage")
+    with open(os.path.join(out, f"wrapper-{rank}.txt"), "w") as handle:  # which hot path recorded
+        handle.write(type(dist.all_reduce).__name__)
     dist.destroy_process_group()
 
 

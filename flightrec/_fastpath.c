@@ -1,0 +1,897 @@
+/* The recorder's hot path in C: the common call of a wrapped collective, recorded without a single
+ * Python frame.
+ *
+ * Why: in Python the wrapper, its `begin` and `finish` cost ~4 us of interpretation per call, and
+ * after a real collective (a hand-off to the backend's thread and back) ~8 us, against PyTorch's
+ * own C++ recorder at ~2 us. This file does exactly what `patching._leaf_wrapper` and
+ * `Recorder.compile`'s `begin`/`finish` do for the common case, writing the same Entry,
+ * GroupState and ThreadState slots (found by their member descriptors, so the Python classes stay
+ * the single definition of the layout). Any call it does not handle (keyword-only parameters
+ * it does not know, a tensor that is not on the CPU, a batch or coalescing block, a group seen for
+ * the first time, a C++-issued op to record, per-entry stacks) goes to the Python wrapper, the
+ * reference, before anything is changed. The module is optional: without a compiler the
+ * package is pure Python and records the same entries.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <structmember.h>
+#include <time.h>
+
+#if PY_VERSION_HEX >= 0x030B0000 /* PyFrame_GetLasti */
+#define FASTPATH_SUPPORTED 1
+#else
+#define FASTPATH_SUPPORTED 0 /* builds, but every call takes the Python wrapper */
+static int PyFrame_GetLasti(PyFrameObject *frame) { return -1; }
+#endif
+
+#define NPARAMS 7 /* group, inputs, outputs, async_op, reduce_op, endpoint (global), endpoint (group rank) */
+
+/* ------------------------------------------------------------------ slot layout */
+
+typedef struct {
+    Py_ssize_t id, group, seq, pg_seq, kind, op, api, peer, root, reduce_op, inputs, outputs, is_async,
+        unit, state, error, t_enqueue_ns, t_complete_ns, t_dev_start_ns, t_dev_end_ns, thread, site, stack,
+        source, work, device;
+} EntryLayout;
+
+typedef struct {
+    Py_ssize_t name, ranks, coll_seq, sent, received, last_pg_seq, busy, read_seq, steps;
+} GroupLayout;
+
+typedef struct {
+    Py_ssize_t in_leaf, api, unit, thread_name;
+} ThreadLayout;
+
+static PyTypeObject *entry_type, *group_type, *thread_type;
+static EntryLayout E;
+static GroupLayout G;
+static ThreadLayout T;
+
+/* constants shared by every wrapper */
+static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu, *s_startswith;
+static PyObject *s_started, *s_completed, *s_failed, *s_python, *s_cpu, *s_empty;
+static PyObject *minus_one, *zero, *empty_tuple;
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+static inline void set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value) /* borrows value */
+{
+    PyObject *old = SLOT(obj, offset);
+    Py_INCREF(value);
+    SLOT(obj, offset) = value;
+    Py_XDECREF(old);
+}
+
+static inline void set_slot_steal(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject *old = SLOT(obj, offset);
+    SLOT(obj, offset) = value;
+    Py_XDECREF(old);
+}
+
+static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
+{
+    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ member", type->tp_name, name);
+        return -1;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, name);
+        return -1;
+    }
+    *out = member->offset;
+    return 0;
+}
+
+#define OFFSET(type, layout, field) \
+    if (slot_offset(type, #field, &layout.field) < 0) return NULL;
+
+static PyObject *configure(PyObject *module, PyObject *args)
+{
+    PyTypeObject *entry, *group, *thread;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &entry, &PyType_Type, &group, &PyType_Type, &thread))
+        return NULL;
+    OFFSET(entry, E, id) OFFSET(entry, E, group) OFFSET(entry, E, seq) OFFSET(entry, E, pg_seq)
+    OFFSET(entry, E, kind) OFFSET(entry, E, op) OFFSET(entry, E, api) OFFSET(entry, E, peer)
+    OFFSET(entry, E, root) OFFSET(entry, E, reduce_op) OFFSET(entry, E, inputs) OFFSET(entry, E, outputs)
+    OFFSET(entry, E, is_async) OFFSET(entry, E, unit) OFFSET(entry, E, state) OFFSET(entry, E, error)
+    OFFSET(entry, E, t_enqueue_ns) OFFSET(entry, E, t_complete_ns) OFFSET(entry, E, t_dev_start_ns)
+    OFFSET(entry, E, t_dev_end_ns) OFFSET(entry, E, thread) OFFSET(entry, E, site) OFFSET(entry, E, stack)
+    OFFSET(entry, E, source) OFFSET(entry, E, work) OFFSET(entry, E, device)
+    OFFSET(group, G, name) OFFSET(group, G, ranks) OFFSET(group, G, coll_seq) OFFSET(group, G, sent)
+    OFFSET(group, G, received) OFFSET(group, G, last_pg_seq) OFFSET(group, G, busy) OFFSET(group, G, read_seq)
+    OFFSET(group, G, steps)
+    OFFSET(thread, T, in_leaf) OFFSET(thread, T, api) OFFSET(thread, T, unit) OFFSET(thread, T, thread_name)
+    Py_INCREF(entry); Py_XSETREF(entry_type, entry);
+    Py_INCREF(group); Py_XSETREF(group_type, group);
+    Py_INCREF(thread); Py_XSETREF(thread_type, thread);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ the wrapper */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict; /* __name__, __wrapped__, ... (functools.update_wrapper) */
+    PyObject *original, *slow, *rec_dict, *local, *by_pg, *pending, *slots, *ids, *world_dict, *tensor_type;
+    PyObject *by_work, *polled, *work_type;
+    PyObject *finish, *seq_after, *record_failure, *on_finish_error, *site_cache, *skip_prefixes;
+    PyObject *async_apis, *api_name, *op_name, *kind;
+    PyObject *names[NPARAMS], *defaults[NPARAMS];
+    Py_ssize_t positions[NPARAMS];
+    Py_ssize_t capacity, site_cache_limit, trust_after, recheck_every;
+    int is_coll, is_send, always_async, has_endpoint, enabled;
+    /* one-entry caches for the common case of one training thread calling from one place */
+    uint64_t tls_id;      /* PyThreadState_GetID of tls_state: unique per thread state, never reused */
+    PyObject *tls_state;  /* that thread's ThreadState */
+    PyObject *site_code;  /* the last call site: its code, offset and (code, offset) tuple */
+    int site_lasti;
+    PyObject *site;
+} Leaf;
+
+#define LEAF_OBJECTS(X) \
+    X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
+    X(tensor_type) X(by_work) X(polled) X(work_type) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
+    X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(tls_state) X(site_code) X(site)
+
+static inline long long as_ll(PyObject *value, int *ok)
+{
+    if (value == NULL || !PyLong_CheckExact(value)) {
+        *ok = 0;
+        return 0;
+    }
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        *ok = 0;
+    }
+    return v;
+}
+
+static inline long long monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* the clock behind time.monotonic_ns() on Linux */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Shape and dtype of a CPU tensor, or of a flat list of them, as the Python path keeps them:
+ * 1 = described into *out (new ref), 0 = not the common case (Python path), -1 never. */
+static int describe(Leaf *self, PyObject *value, PyObject **out)
+{
+    if (PyObject_TypeCheck(value, (PyTypeObject *)self->tensor_type)) {
+        PyObject *is_cpu = PyObject_GetAttr(value, s_is_cpu);
+        if (is_cpu == NULL) { PyErr_Clear(); return 0; }
+        Py_DECREF(is_cpu);
+        if (is_cpu != Py_True) return 0;
+        PyObject *shape = PyObject_GetAttr(value, s_shape);
+        if (shape == NULL) { PyErr_Clear(); return 0; }
+        PyObject *dtype = PyObject_GetAttr(value, s_dtype);
+        if (dtype == NULL) { PyErr_Clear(); Py_DECREF(shape); return 0; }
+        PyObject *pair = PyTuple_Pack(2, shape, dtype);
+        Py_DECREF(shape);
+        Py_DECREF(dtype);
+        if (pair == NULL) { PyErr_Clear(); return 0; }
+        *out = PyTuple_Pack(1, pair);
+        Py_DECREF(pair);
+        if (*out == NULL) { PyErr_Clear(); return 0; }
+        return 1;
+    }
+    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+    PyObject **items = PySequence_Fast_ITEMS(value);
+    PyObject *meta = PyTuple_New(n);
+    if (meta == NULL) { PyErr_Clear(); return 0; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = items[i];
+        if (!PyObject_TypeCheck(t, (PyTypeObject *)self->tensor_type)) goto bail;
+        PyObject *is_cpu = PyObject_GetAttr(t, s_is_cpu);
+        if (is_cpu == NULL) goto bail;
+        Py_DECREF(is_cpu);
+        if (is_cpu != Py_True) goto bail;
+        PyObject *shape = PyObject_GetAttr(t, s_shape);
+        if (shape == NULL) goto bail;
+        PyObject *as_tuple = PySequence_Tuple(shape); /* tensor_meta keeps list items as tuples */
+        Py_DECREF(shape);
+        if (as_tuple == NULL) goto bail;
+        PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+        if (dtype == NULL) { Py_DECREF(as_tuple); goto bail; }
+        PyObject *pair = PyTuple_Pack(2, as_tuple, dtype);
+        Py_DECREF(as_tuple);
+        Py_DECREF(dtype);
+        if (pair == NULL) goto bail;
+        PyTuple_SET_ITEM(meta, i, pair);
+    }
+    *out = meta;
+    return 1;
+bail:
+    PyErr_Clear();
+    Py_DECREF(meta);
+    return 0;
+}
+
+/* A peer or root as a global rank (patching's _endpoint): 1 = *out set, 0 = Python path. */
+static int endpoint(PyObject *global_rank, PyObject *group_rank, PyObject *group, int is_root, long long *out)
+{
+    int ok = 1;
+    if (global_rank != Py_None) {
+        *out = as_ll(global_rank, &ok);
+        return ok;
+    }
+    PyObject *ranks = SLOT(group, G.ranks);
+    if (ranks == NULL || !PyList_CheckExact(ranks)) return 0;
+    Py_ssize_t n = PyList_GET_SIZE(ranks);
+    if (group_rank != Py_None) {
+        long long index = as_ll(group_rank, &ok);
+        if (!ok) return 0;
+        if (index < 0 || index >= n) { *out = -1; return 1; }
+        *out = as_ll(PyList_GET_ITEM(ranks, index), &ok);
+        return ok;
+    }
+    if (!is_root) { *out = -1; return 1; }
+    if (n == 0) { *out = -1; return 1; }
+    *out = as_ll(PyList_GET_ITEM(ranks, 0), &ok);
+    return ok;
+}
+
+/* stacks.call_site: the first frame outside torch.distributed and flightrec, as (code, f_lasti).
+ * The C wrapper has no frame, so the walk starts at its caller. New ref, or Py_None. */
+static PyObject *call_site(Leaf *self)
+{
+    PyFrameObject *frame = PyEval_GetFrame();
+    Py_XINCREF(frame);
+    int depth = 0;
+    while (frame != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        if (depth == 0 && (PyObject *)code == self->site_code && PyFrame_GetLasti(frame) == self->site_lasti) {
+            Py_DECREF(code); /* the same caller, at the same place, as last time */
+            Py_DECREF(frame);
+            Py_INCREF(self->site);
+            return self->site;
+        }
+        PyObject *key = PyLong_FromVoidPtr(code);
+        PyObject *known = key ? PyDict_GetItemWithError(self->site_cache, key) : NULL;
+        int ours;
+        if (known != NULL && PyTuple_CheckExact(known) && PyTuple_GET_SIZE(known) == 2
+            && PyTuple_GET_ITEM(known, 0) == (PyObject *)code) {
+            ours = PyTuple_GET_ITEM(known, 1) == Py_True;
+        } else {
+            PyObject *starts = key ? PyObject_CallMethodOneArg(code->co_filename, s_startswith, self->skip_prefixes) : NULL;
+            ours = starts == Py_True;
+            if (starts != NULL) {
+                if (PyDict_GET_SIZE(self->site_cache) >= self->site_cache_limit) PyDict_Clear(self->site_cache);
+                PyObject *entry = PyTuple_Pack(2, (PyObject *)code, starts);
+                if (entry == NULL || PyDict_SetItem(self->site_cache, key, entry) < 0) PyErr_Clear();
+                Py_XDECREF(entry);
+                Py_DECREF(starts);
+            } else {
+                PyErr_Clear();
+            }
+        }
+        Py_XDECREF(key);
+        if (!ours) {
+            int offset = PyFrame_GetLasti(frame);
+            PyObject *lasti = PyLong_FromLong(offset);
+            PyObject *site = lasti ? PyTuple_Pack(2, (PyObject *)code, lasti) : NULL;
+            Py_XDECREF(lasti);
+            Py_DECREF(frame);
+            if (site == NULL) {
+                Py_DECREF(code);
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            /* the cache is valid only when the caller itself is the site (not a frame of ours) */
+            Py_XSETREF(self->site_code, (PyObject *)code);
+            Py_INCREF(site);
+            Py_XSETREF(self->site, site);
+            self->site_lasti = depth == 0 ? offset : -2;
+            return site;
+        }
+        Py_DECREF(code);
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+        depth++;
+    }
+    Py_RETURN_NONE;
+}
+
+static inline int str_equal(PyObject *a, PyObject *b)
+{
+    return a == b || (a != NULL && PyUnicode_CheckExact(a) && PyUnicode_Compare(a, b) == 0);
+}
+
+static inline PyObject *call_slow(Leaf *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+/* Recorder.finish for a CPU call that returned None (blocking: complete now) or a Work (async:
+ * Recorder.watch_work's CPU case, completed by Work.wait or the watchdog's poll). */
+static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, PyObject *rid, long long record_id,
+                       long long seq_before, PyObject *work)
+{
+    int ok = 1;
+    long long seq_after = -1;
+    PyObject *learned = NULL;
+    if (seq_before >= 0) {
+        PyObject *steps = SLOT(group, G.steps);
+        learned = steps && PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, SLOT(entry, E.api)) : NULL;
+    }
+    if (learned != NULL && PyList_CheckExact(learned) && PyList_GET_SIZE(learned) == 2
+        && as_ll(PyList_GET_ITEM(learned, 1), &ok) >= self->trust_after && ok
+        && record_id % self->recheck_every) {
+        seq_after = seq_before + as_ll(PyList_GET_ITEM(learned, 0), &ok);
+    } else {
+        ok = 1;
+        PyObject *read = PyObject_CallFunctionObjArgs(self->seq_after, entry, group, NULL); /* learns the step */
+        seq_after = as_ll(read, &ok);
+        Py_XDECREF(read);
+    }
+    if (!ok || PyErr_Occurred()) {
+        PyErr_Clear();
+        seq_after = -1;
+    }
+    if (seq_after >= 0) {
+        PyObject *value = PyLong_FromLongLong(seq_after);
+        if (value != NULL) {
+            set_slot(entry, E.pg_seq, value);
+            long long last = as_ll(SLOT(group, G.last_pg_seq), &ok);
+            if (seq_after > last) set_slot(group, G.last_pg_seq, value);
+            Py_DECREF(value);
+        }
+    }
+    long long busy = as_ll(SLOT(group, G.busy), &ok);
+    PyObject *busy_now = PyLong_FromLongLong(busy - 1);
+    if (busy_now) set_slot_steal(group, G.busy, busy_now);
+    if (work == Py_None) {
+        PyObject *now = PyLong_FromLongLong(monotonic_ns());
+        if (now) set_slot_steal(entry, E.t_complete_ns, now);
+        set_slot(entry, E.state, s_completed);
+        if (PyDict_DelItem(self->pending, rid) < 0) PyErr_Clear();
+    } else {
+        PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
+        set_slot(entry, E.work, work);
+        if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0 || PyDict_SetItem(self->polled, rid, entry) < 0)
+            PyErr_Clear();
+        Py_XDECREF(key);
+    }
+    PyErr_Clear();
+}
+
+static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Leaf *self = (Leaf *)self_;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!self->enabled) return call_slow(self, args, nargsf, kwnames);
+
+    if (PyDict_GetItemWithError(self->rec_dict, s_active) != Py_True) { /* Recorder.active */
+        PyErr_Clear();
+        return call_slow(self, args, nargsf, kwnames);
+    }
+    uint64_t thread_id = PyThreadState_GetID(PyThreadState_Get());
+    PyObject *tls = self->tls_state;
+    if (tls == NULL || thread_id != self->tls_id) {
+        tls = PyObject_GetAttr(self->local, s_state);
+        if (tls == NULL) { PyErr_Clear(); return call_slow(self, args, nargsf, kwnames); }
+        if (Py_TYPE(tls) != thread_type) { Py_DECREF(tls); return call_slow(self, args, nargsf, kwnames); }
+        Py_XSETREF(self->tls_state, tls); /* keeps it alive, and this thread's for the next call */
+        self->tls_id = thread_id;
+    }
+    if (SLOT(tls, T.in_leaf) == Py_True) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (SLOT(tls, T.unit) != Py_None) return call_slow(self, args, nargsf, kwnames);
+
+    /* ---- read the call: nothing is changed until every fact is known */
+    PyObject *v[NPARAMS];
+    for (int i = 0; i < NPARAMS; i++) {
+        Py_ssize_t pos = self->positions[i];
+        v[i] = (pos >= 0 && pos < nargs) ? args[pos] : self->defaults[i];
+    }
+    if (kwnames != NULL) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nkw; k++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+            for (int i = 0; i < NPARAMS; i++) {
+                if (self->names[i] != NULL && str_equal(name, self->names[i]))
+                    v[i] = args[nargs + k]; /* no break: all_reduce reads `tensor` as input and output */
+            }
+        }
+    }
+    PyObject *pg = v[0];
+    if (pg == Py_None) {
+        pg = PyDict_GetItemWithError(self->world_dict, s_default_pg); /* c10d._world._default_pg */
+        if (pg == NULL) { PyErr_Clear(); return call_slow(self, args, nargsf, kwnames); }
+    }
+    PyObject *group = PyDict_GetItemWithError(self->by_pg, pg);
+    if (group == NULL || Py_TYPE(group) != group_type) {
+        PyErr_Clear();
+        return call_slow(self, args, nargsf, kwnames); /* unseen group, or not a member */
+    }
+    Py_INCREF(group); /* the reads below may run Python code (a property, a thread switch) */
+    PyObject *inputs = NULL, *outputs = NULL;
+    long long end = -1;
+    if (self->has_endpoint && !endpoint(v[5], v[6], group, self->is_coll, &end)) goto slow;
+    if (!self->is_coll && end < 0) goto slow; /* a receive from any source */
+    PyObject *api = SLOT(tls, T.api);
+    if (api == NULL || api == Py_None || !PyUnicode_Check(api) || PyUnicode_GET_LENGTH(api) == 0) api = self->api_name;
+    int is_async = 0;
+    if (self->always_async && (is_async = PySet_Contains(self->async_apis, api)) < 0) goto slow;
+    if (!is_async && v[3] != Py_None && (is_async = PyObject_IsTrue(v[3])) < 0) goto slow;
+    if (v[1] != Py_None && !describe(self, v[1], &inputs)) goto slow;
+    if (v[2] != Py_None) {
+        if (v[2] == v[1]) {
+            outputs = inputs;
+            Py_XINCREF(outputs);
+        } else if (!describe(self, v[2], &outputs)) {
+            goto slow;
+        }
+    }
+    int ok = 1;
+    PyObject *read_seq = SLOT(group, G.read_seq);
+    PyObject *seq_obj = read_seq ? PyObject_CallNoArgs(read_seq) : NULL;
+    long long seq_before = as_ll(seq_obj, &ok);
+    Py_XDECREF(seq_obj);
+    long long last_pg_seq = as_ll(SLOT(group, G.last_pg_seq), &ok);
+    long long busy = as_ll(SLOT(group, G.busy), &ok);
+    long long coll_seq = as_ll(SLOT(group, G.coll_seq), &ok);
+    if (!ok || seq_before > last_pg_seq) goto slow; /* C++-issued ops to record first: the Python path does */
+    goto record;
+slow:
+    PyErr_Clear();
+    Py_XDECREF(inputs);
+    Py_XDECREF(outputs);
+    Py_DECREF(group);
+    return call_slow(self, args, nargsf, kwnames);
+
+record:;
+    /* ---- record (Recorder.compile's begin) */
+    long long now = monotonic_ns();
+    PyObject *rid = Py_TYPE(self->ids)->tp_iternext(self->ids); /* Ring.next_id: itertools.count */
+    long long record_id = as_ll(rid, &ok);
+    PyObject *busy_now = PyLong_FromLongLong(busy + 1);
+    if (rid == NULL || !ok || busy_now == NULL) { /* out of memory: give up recording this call */
+        PyErr_Clear();
+        Py_XDECREF(rid);
+        Py_XDECREF(busy_now);
+        Py_XDECREF(inputs);
+        Py_XDECREF(outputs);
+        Py_DECREF(group);
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    }
+    set_slot_steal(group, G.busy, busy_now);
+    Py_ssize_t slot = (Py_ssize_t)(record_id % self->capacity);
+    PyObject *entry = PyList_GET_ITEM(self->slots, slot);
+    if (entry != Py_None && Py_TYPE(entry) == entry_type
+        && (str_equal(SLOT(entry, E.state), s_completed) || str_equal(SLOT(entry, E.state), s_failed))
+        && str_equal(SLOT(entry, E.source), s_python) && SLOT(entry, E.work) == Py_None) {
+        Py_INCREF(entry);
+        set_slot(entry, E.id, rid);
+        set_slot(entry, E.group, SLOT(group, G.name));
+        set_slot(entry, E.kind, self->kind);
+        set_slot(entry, E.op, self->op_name);
+        set_slot(entry, E.api, api);
+        set_slot(entry, E.peer, minus_one);
+        set_slot(entry, E.root, minus_one);
+        set_slot(entry, E.reduce_op, Py_None);
+        set_slot(entry, E.unit, minus_one);
+        set_slot(entry, E.state, s_started);
+        set_slot(entry, E.error, Py_None);
+        set_slot(entry, E.t_complete_ns, Py_None);
+        set_slot(entry, E.t_dev_start_ns, Py_None);
+        set_slot(entry, E.t_dev_end_ns, Py_None);
+        set_slot(entry, E.stack, Py_None);
+        set_slot(entry, E.source, s_python);
+        set_slot(entry, E.work, Py_None);
+        set_slot(entry, E.device, s_cpu);
+    } else {
+        entry = PyObject_CallFunctionObjArgs((PyObject *)entry_type, rid, SLOT(group, G.name), self->kind,
+                                             self->op_name, api, NULL);
+        if (entry == NULL || Py_TYPE(entry) != entry_type) {
+            PyErr_Clear();
+            Py_XDECREF(entry);
+            busy_now = PyLong_FromLongLong(busy);
+            if (busy_now) set_slot_steal(group, G.busy, busy_now);
+            Py_DECREF(rid);
+            Py_XDECREF(inputs);
+            Py_XDECREF(outputs);
+            Py_DECREF(group);
+            PyErr_Clear();
+            return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        }
+    }
+    PyObject *seq = NULL;
+    if (self->is_coll) {
+        seq = PyLong_FromLongLong(coll_seq + 1);
+        if (seq) set_slot(group, G.coll_seq, seq);
+        if (self->has_endpoint) set_slot_steal(entry, E.root, PyLong_FromLongLong(end));
+        set_slot(entry, E.reduce_op, v[4]);
+    } else {
+        PyObject *peer = PyLong_FromLongLong(end);
+        PyObject *counts = SLOT(group, self->is_send ? G.sent : G.received);
+        PyObject *count = peer ? PyDict_GetItemWithError(counts, peer) : NULL;
+        int count_ok = 1;
+        long long previous = count ? as_ll(count, &count_ok) : 0;
+        seq = PyLong_FromLongLong(previous + 1);
+        if (seq && peer && PyDict_SetItem(counts, peer, seq) < 0) PyErr_Clear();
+        if (peer) set_slot_steal(entry, E.peer, peer);
+    }
+    if (seq) set_slot_steal(entry, E.seq, seq);
+    set_slot_steal(entry, E.pg_seq, seq_before >= 0 ? PyLong_FromLongLong(seq_before + 1) : (Py_INCREF(minus_one), minus_one));
+    set_slot_steal(entry, E.inputs, inputs ? inputs : (Py_INCREF(empty_tuple), empty_tuple));
+    set_slot_steal(entry, E.outputs, outputs ? outputs : (Py_INCREF(empty_tuple), empty_tuple));
+    set_slot(entry, E.is_async, is_async ? Py_True : Py_False);
+    set_slot_steal(entry, E.t_enqueue_ns, PyLong_FromLongLong(now));
+    set_slot(entry, E.thread, SLOT(tls, T.thread_name) ? SLOT(tls, T.thread_name) : s_empty);
+    set_slot_steal(entry, E.site, call_site(self));
+    Py_INCREF(entry);
+    PyList_SetItem(self->slots, slot, entry); /* Ring.put: steals the new reference */
+    if (PyDict_SetItem(self->pending, rid, entry) < 0) PyErr_Clear();
+    PyErr_Clear();
+
+    /* ---- the call */
+    set_slot(tls, T.in_leaf, Py_True);
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    set_slot(tls, T.in_leaf, Py_False);
+    if (result == NULL) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL) PyException_SetTraceback(value, traceback);
+        PyObject *ctx = PyTuple_Pack(2, entry, group);
+        PyObject *done = ctx ? PyObject_CallFunctionObjArgs(self->record_failure, ctx, value, NULL) : NULL;
+        Py_XDECREF(ctx);
+        Py_XDECREF(done);
+        PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    } else if (result == Py_None || Py_TYPE(result) == (PyTypeObject *)self->work_type) {
+        finish_cpu(self, entry, group, rid, record_id, seq_before, result);
+    } else {
+        PyObject *done = PyObject_CallFunctionObjArgs(self->finish, entry, group, result, NULL);
+        if (done == NULL) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyErr_NormalizeException(&type, &value, &traceback);
+            PyObject *warned = PyObject_CallOneArg(self->on_finish_error, value ? value : Py_None);
+            Py_XDECREF(warned);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+            PyErr_Clear();
+        }
+        Py_XDECREF(done);
+    }
+    Py_DECREF(group);
+    Py_DECREF(entry);
+    Py_DECREF(rid);
+    return result;
+}
+
+/* ------------------------------------------------------------------ type plumbing */
+
+static int leaf_traverse(Leaf *self, visitproc visit, void *arg)
+{
+#define VISIT(field) Py_VISIT(self->field);
+    LEAF_OBJECTS(VISIT)
+#undef VISIT
+    for (int i = 0; i < NPARAMS; i++) {
+        Py_VISIT(self->names[i]);
+        Py_VISIT(self->defaults[i]);
+    }
+    return 0;
+}
+
+static int leaf_clear(Leaf *self)
+{
+#define CLEAR(field) Py_CLEAR(self->field);
+    LEAF_OBJECTS(CLEAR)
+#undef CLEAR
+    for (int i = 0; i < NPARAMS; i++) {
+        Py_CLEAR(self->names[i]);
+        Py_CLEAR(self->defaults[i]);
+    }
+    self->enabled = 0;
+    return 0;
+}
+
+static void leaf_dealloc(Leaf *self)
+{
+    PyObject_GC_UnTrack(self);
+    leaf_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int take(PyObject *config, const char *key, PyObject **out)
+{
+    PyObject *value = PyDict_GetItemString(config, key);
+    if (value == NULL) {
+        PyErr_Format(PyExc_KeyError, "Leaf config is missing %s", key);
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_XSETREF(*out, value);
+    return 0;
+}
+
+static int take_int(PyObject *config, const char *key, Py_ssize_t *out)
+{
+    PyObject *value = PyDict_GetItemString(config, key);
+    if (value == NULL) {
+        PyErr_Format(PyExc_KeyError, "Leaf config is missing %s", key);
+        return -1;
+    }
+    *out = PyLong_AsSsize_t(value);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *config, *params;
+    if (entry_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "flightrec._fastpath.configure() was not called");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &config)) return -1;
+#define TAKE(field) if (strcmp(#field, "dict") && strcmp(#field, "tls_state") && strcmp(#field, "site_code") \
+                         && strcmp(#field, "site") && take(config, #field, &self->field) < 0) return -1;
+    LEAF_OBJECTS(TAKE)
+#undef TAKE
+    Py_ssize_t flag;
+    if (take_int(config, "capacity", &self->capacity) < 0 || take_int(config, "site_cache_limit", &self->site_cache_limit) < 0
+        || take_int(config, "trust_after", &self->trust_after) < 0 || take_int(config, "recheck_every", &self->recheck_every) < 0)
+        return -1;
+    if (take_int(config, "is_coll", &flag) < 0) return -1;
+    self->is_coll = (int)flag;
+    if (take_int(config, "is_send", &flag) < 0) return -1;
+    self->is_send = (int)flag;
+    if (take_int(config, "always_async", &flag) < 0) return -1;
+    self->always_async = (int)flag;
+    if (take_int(config, "has_endpoint", &flag) < 0) return -1;
+    self->has_endpoint = (int)flag;
+    if (self->capacity < 1 || self->recheck_every < 1 || !PyList_CheckExact(self->slots)
+        || PyList_GET_SIZE(self->slots) != self->capacity || !PyDict_CheckExact(self->by_pg)
+        || !PyDict_CheckExact(self->pending) || !PyDict_CheckExact(self->site_cache) || !PyType_Check(self->tensor_type)
+        || !PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->polled) || !PyType_Check(self->work_type)
+        || !PyDict_CheckExact(self->rec_dict) || !PyDict_CheckExact(self->world_dict) || Py_TYPE(self->ids)->tp_iternext == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Leaf config has the wrong types");
+        return -1;
+    }
+    params = PyDict_GetItemString(config, "params"); /* ((name or None, position, default), ...) x 7 */
+    if (params == NULL || !PyTuple_CheckExact(params) || PyTuple_GET_SIZE(params) != NPARAMS) {
+        PyErr_SetString(PyExc_TypeError, "Leaf config needs params: seven (name, position, default)");
+        return -1;
+    }
+    for (int i = 0; i < NPARAMS; i++) {
+        PyObject *name, *def;
+        Py_ssize_t position;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(params, i), "OnO", &name, &position, &def)) return -1;
+        if (name == Py_None) {
+            name = NULL;
+            position = -1;
+        } else {
+            Py_INCREF(name);
+            PyUnicode_InternInPlace(&name);
+        }
+        Py_XSETREF(self->names[i], name);
+        Py_INCREF(def);
+        Py_XSETREF(self->defaults[i], def);
+        self->positions[i] = position;
+    }
+    self->vectorcall = leaf_call;
+    self->enabled = FASTPATH_SUPPORTED;
+    return 0;
+}
+
+static PyObject *leaf_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyMemberDef leaf_members[] = {
+    {"enabled", T_INT, offsetof(Leaf, enabled), 0, "0: every call takes the Python wrapper"},
+    {"slow", T_OBJECT, offsetof(Leaf, slow), READONLY, "the Python wrapper, the reference"},
+    {NULL},
+};
+
+static PyGetSetDef leaf_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
+    {NULL},
+};
+
+static PyTypeObject LeafType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flightrec._fastpath.Leaf",
+    .tp_basicsize = sizeof(Leaf),
+    .tp_dealloc = (destructor)leaf_dealloc,
+    .tp_vectorcall_offset = offsetof(Leaf, vectorcall),
+    .tp_call = leaf_tp_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A recorded torch.distributed API: the common call in C, every other in the Python wrapper.",
+    .tp_traverse = (traverseproc)leaf_traverse,
+    .tp_clear = (inquiry)leaf_clear,
+    .tp_members = leaf_members,
+    .tp_getset = leaf_getset,
+    .tp_dictoffset = offsetof(Leaf, dict),
+    .tp_init = (initproc)leaf_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------ Work.wait */
+
+/* Work.wait, wrapped: every wait of every Work passes here (PyTorch's own blocking collectives
+ * wait on theirs), so the common cases cost no Python frame: a Work we do not follow, and the
+ * completion of one we do. A failed wait, or a receive from any source, goes to the Python wrapper. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *original, *slow, *by_work, *pending, *polled, *wait_failed;
+    int enabled;
+} Wait;
+
+#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(polled) X(wait_failed)
+
+static void drop(PyObject *dict, PyObject *key)
+{
+    if (key != NULL && PyDict_DelItem(dict, key) < 0) PyErr_Clear();
+}
+
+static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Wait *self = (Wait *)self_;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!self->enabled || nargs < 1) return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    if (PyDict_GET_SIZE(self->by_work) == 0) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    PyObject *work = args[0];
+    PyObject *key = PyLong_FromVoidPtr(work);
+    PyObject *entry = key ? PyDict_GetItemWithError(self->by_work, key) : NULL;
+    if (entry == NULL) {
+        Py_XDECREF(key);
+        if (PyErr_Occurred()) { PyErr_Clear(); return PyObject_Vectorcall(self->slow, args, nargsf, kwnames); }
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    }
+    Py_INCREF(entry);
+    if (Py_TYPE(entry) != entry_type || !PyUnicode_Check(SLOT(entry, E.kind))) goto slow;
+    int ok = 1;
+    if (PyUnicode_CompareWithASCIIString(SLOT(entry, E.kind), "p2p") == 0 && as_ll(SLOT(entry, E.peer), &ok) < 0) goto slow;
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result == NULL) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL) PyException_SetTraceback(value, traceback);
+        PyObject *done = PyObject_CallFunctionObjArgs(self->wait_failed, entry, work, value, NULL);
+        Py_XDECREF(done);
+        PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    } else if (result != Py_False && SLOT(entry, E.work) == work) { /* wait(timeout) returns False on timeout */
+        PyObject *now = PyLong_FromLongLong(monotonic_ns());
+        if (now) set_slot_steal(entry, E.t_complete_ns, now);
+        set_slot(entry, E.state, s_completed);
+        set_slot(entry, E.work, Py_None);
+        drop(self->by_work, key);
+        drop(self->pending, SLOT(entry, E.id));
+        drop(self->polled, SLOT(entry, E.id));
+    }
+    Py_DECREF(entry);
+    Py_DECREF(key);
+    return result;
+slow:
+    Py_DECREF(entry);
+    Py_DECREF(key);
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static int wait_traverse(Wait *self, visitproc visit, void *arg)
+{
+#define VISIT(field) Py_VISIT(self->field);
+    WAIT_OBJECTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int wait_clear(Wait *self)
+{
+#define CLEAR(field) Py_CLEAR(self->field);
+    WAIT_OBJECTS(CLEAR)
+#undef CLEAR
+    self->enabled = 0;
+    return 0;
+}
+
+static void wait_dealloc(Wait *self)
+{
+    PyObject_GC_UnTrack(self);
+    wait_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int wait_init(Wait *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *config;
+    if (entry_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "flightrec._fastpath.configure() was not called");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &config)) return -1;
+#define TAKE(field) if (strcmp(#field, "dict") && take(config, #field, &self->field) < 0) return -1;
+    WAIT_OBJECTS(TAKE)
+#undef TAKE
+    if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending) || !PyDict_CheckExact(self->polled)) {
+        PyErr_SetString(PyExc_TypeError, "Wait config has the wrong types");
+        return -1;
+    }
+    self->vectorcall = wait_call;
+    self->enabled = 1;
+    return 0;
+}
+
+static PyObject *wait_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyMemberDef wait_members[] = {
+    {"enabled", T_INT, offsetof(Wait, enabled), 0, "0: every wait takes the Python wrapper"},
+    {NULL},
+};
+
+static PyTypeObject WaitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flightrec._fastpath.Wait",
+    .tp_basicsize = sizeof(Wait),
+    .tp_dealloc = (destructor)wait_dealloc,
+    .tp_vectorcall_offset = offsetof(Wait, vectorcall),
+    .tp_call = leaf_tp_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Work.wait, wrapped: the common waits in C, every other in the Python wrapper.",
+    .tp_traverse = (traverseproc)wait_traverse,
+    .tp_clear = (inquiry)wait_clear,
+    .tp_members = wait_members,
+    .tp_getset = leaf_getset,
+    .tp_descr_get = wait_descr_get,
+    .tp_dictoffset = offsetof(Wait, dict),
+    .tp_init = (initproc)wait_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS, "configure(Entry, GroupState, ThreadState): learn their slot layout"},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "flightrec._fastpath", "The recorder's hot path in C (optional).", -1, module_methods,
+};
+
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
+
+PyMODINIT_FUNC PyInit__fastpath(void)
+{
+    INTERN(s_active, "active") INTERN(s_state, "state") INTERN(s_default_pg, "_default_pg")
+    INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu") INTERN(s_startswith, "startswith")
+    INTERN(s_started, "started") INTERN(s_completed, "completed") INTERN(s_failed, "failed")
+    INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
+    if ((minus_one = PyLong_FromLong(-1)) == NULL || (zero = PyLong_FromLong(0)) == NULL
+        || (empty_tuple = PyTuple_New(0)) == NULL)
+        return NULL;
+    if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0) return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    Py_INCREF(&LeafType);
+    Py_INCREF(&WaitType);
+    if (PyModule_AddObject(module, "Leaf", (PyObject *)&LeafType) < 0
+        || PyModule_AddObject(module, "Wait", (PyObject *)&WaitType) < 0
+        || PyModule_AddIntConstant(module, "SUPPORTED", FASTPATH_SUPPORTED) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,110 @@
+"""The optional C hot path (`_fastpath.c`): the common call of a wrapped API recorded with no
+Python frame, every other call handed to the Python wrapper, which stays the reference.
+
+Why: the Python wrapper costs ~4 µs of interpretation per call in a hot loop and ~8 µs after a real
+collective, against ~2 µs for PyTorch's own C++ recorder (docs/overhead.md). The extension is
+built when the package is installed and a C compiler is there; without it, or with
+`FLIGHTREC_FASTPATH=0`, every call takes the Python wrapper and records the same entries.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed.distributed_c10d as c10d
+
+from . import log
+from .entry import Entry
+from .groups import GroupState
+from .ops import OpSpec
+from .recorder import _ASYNC_APIS, RECHECK_EVERY, TRUST_AFTER, Recorder, ThreadState
+from .stacks import _SKIP, _SKIP_BY_CODE, _SKIP_CACHE_LIMIT
+
+try:
+    from . import _fastpath
+except ImportError:  # not built (no compiler at install time): pure Python
+    _fastpath = None  # type: ignore[assignment]
+
+_configured = False
+
+
+def available() -> bool:
+    """True when the C hot path is built, supported by this Python and not switched off."""
+    global _configured
+    if _fastpath is None or not _fastpath.SUPPORTED or os.environ.get("FLIGHTREC_FASTPATH", "1") == "0":
+        return False
+    if not _configured:
+        try:
+            _fastpath.configure(Entry, GroupState, ThreadState)
+        except Exception as exc:  # noqa: BLE001 - a layout it does not know: the Python path records
+            log.warn_once("fastpath", f"C hot path unavailable, recording in Python: {exc!r}")
+            return False
+        _configured = True
+    return True
+
+
+def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callable[..., Any],
+         record_failure: Callable[[Recorder, tuple[Entry, GroupState], BaseException], None]) -> Callable[..., Any]:
+    """`slow` (the Python wrapper) with the common call done in C; `slow` itself when not available."""
+    if not available() or spec.kind == "composite" or rec.settings.stacks:
+        return slow  # per-entry stacks are taken by the Python path
+    names = ("group", spec.inputs[0] if spec.inputs else None, spec.outputs[0] if spec.outputs else None,
+             "async_op", spec.reduce_op, *(spec.root or spec.peer or (None, None)))
+    params = tuple((name, spec.positions.get(name, -1), spec.defaults.get(name)) if name else (None, -1, None)
+                   for name in names)
+
+    def on_finish_error(exc: BaseException) -> None:
+        log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
+
+    config = {
+        "original": original, "slow": slow, "rec_dict": vars(rec), "local": rec.local, "by_pg": rec.groups.by_pg,
+        "pending": rec.pending, "by_work": rec.by_work, "polled": rec.polled, "work_type": c10d.Work,
+        "slots": rec.ring.slots, "capacity": rec.ring.capacity,
+        "ids": rec.ring.ids, "world_dict": vars(c10d._world), "tensor_type": torch.Tensor,
+        "finish": rec.finish, "seq_after": rec._seq_after, "record_failure": partial(record_failure, rec),
+        "on_finish_error": on_finish_error, "site_cache": _SKIP_BY_CODE, "skip_prefixes": _SKIP,
+        "site_cache_limit": _SKIP_CACHE_LIMIT, "trust_after": TRUST_AFTER, "recheck_every": RECHECK_EVERY,
+        "async_apis": _ASYNC_APIS, "api_name": spec.api, "op_name": spec.op, "kind": spec.kind,
+        "is_coll": int(spec.kind == "coll"), "is_send": int(spec.direction == "send"),
+        "always_async": int(spec.is_async_api), "has_endpoint": int(bool(spec.root or spec.peer)),
+        "params": params,
+    }
+    return _build(_fastpath.Leaf, config, slow, spec.api)
+
+
+def wait(rec: Recorder, original: Callable[..., Any], slow: Callable[..., Any]) -> Callable[..., Any]:
+    """`Work.wait`'s Python wrapper `slow`, with the waits of Works nobody follows and the
+    completions of the ones we do in C; `slow` itself when not available."""
+    if not available():
+        return slow
+
+    def wait_failed(entry: Entry, work: Any, exc: BaseException) -> None:
+        try:
+            if entry.work is work:
+                rec.report_failure(entry, exc)
+        except Exception as inner:  # noqa: BLE001
+            log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
+
+    config = {"original": original, "slow": slow, "by_work": rec.by_work, "pending": rec.pending,
+              "polled": rec.polled, "wait_failed": wait_failed}
+    return _build(_fastpath.Wait, config, slow, "Work.wait")
+
+
+def _build(kind: Any, config: dict[str, Any], slow: Callable[..., Any], what: str) -> Any:
+    """The C wrapper, dressed as the Python wrapper `slow` (name, doc, __wrapped__, as functools.wraps
+    gave it); `slow` itself when the C side refuses the config."""
+    try:
+        fast = kind(config)
+    except Exception as exc:  # noqa: BLE001
+        log.warn_once(f"fastpath-{what}", f"C hot path unavailable for {what}, recording in Python: {exc!r}")
+        return slow
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__", "__wrapped__"):
+        try:
+            setattr(fast, attr, getattr(slow, attr))
+        except AttributeError:
+            pass
+    return fast
