@@ -6,10 +6,10 @@
  * own C++ recorder at ~2 us. This file does exactly what `patching._leaf_wrapper` and
  * `Recorder.compile`'s `begin`/`finish` do for the common case, writing the same Entry,
  * GroupState and ThreadState slots (found by their member descriptors, so the Python classes stay
- * the single definition of the layout). Any call it does not handle (keyword-only parameters
- * it does not know, a tensor that is not on the CPU, a batch or coalescing block, a group seen for
- * the first time, a C++-issued op to record, per-entry stacks) goes to the Python wrapper, the
- * reference, before anything is changed. The module is optional: without a compiler the
+ * the single definition of the layout). Any call it does not handle (a tensor that is not on the
+ * CPU, a batch or coalescing block, a group seen for the first time, a C++-issued op to record, a
+ * receive from any source, a value it cannot read) goes to the Python wrapper, the reference,
+ * before anything is changed; per-entry stacks are never handled here. The module is optional: without a compiler the
  * package is pure Python and records the same entries.
  */
 #define PY_SSIZE_T_CLEAN
@@ -51,7 +51,7 @@ static ThreadLayout T;
 /* constants shared by every wrapper */
 static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu, *s_startswith;
 static PyObject *s_started, *s_completed, *s_failed, *s_python, *s_cpu, *s_empty;
-static PyObject *minus_one, *zero, *empty_tuple;
+static PyObject *minus_one, *empty_tuple;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -159,59 +159,47 @@ static inline long long monotonic_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* (shape, dtype) of a CPU tensor (new ref), or NULL with no error set when it is not one. The shape
+ * is kept as torch.Size for a lone tensor and as a tuple for a list item, as the Python path does. */
+static PyObject *shape_and_dtype(Leaf *self, PyObject *tensor, int shape_as_tuple)
+{
+    PyObject *pair = NULL, *shape = NULL, *dtype = NULL;
+    if (!PyObject_TypeCheck(tensor, (PyTypeObject *)self->tensor_type)) return NULL;
+    PyObject *is_cpu = PyObject_GetAttr(tensor, s_is_cpu);
+    if (is_cpu == NULL) goto done;
+    Py_DECREF(is_cpu);
+    if (is_cpu != Py_True || (shape = PyObject_GetAttr(tensor, s_shape)) == NULL) goto done;
+    if (shape_as_tuple) Py_SETREF(shape, PySequence_Tuple(shape));
+    if (shape != NULL && (dtype = PyObject_GetAttr(tensor, s_dtype)) != NULL) pair = PyTuple_Pack(2, shape, dtype);
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    PyErr_Clear();
+    return pair;
+}
+
 /* Shape and dtype of a CPU tensor, or of a flat list of them, as the Python path keeps them:
- * 1 = described into *out (new ref), 0 = not the common case (Python path), -1 never. */
+ * 1 = described into *out (new ref), 0 = not the common case (Python path). */
 static int describe(Leaf *self, PyObject *value, PyObject **out)
 {
-    if (PyObject_TypeCheck(value, (PyTypeObject *)self->tensor_type)) {
-        PyObject *is_cpu = PyObject_GetAttr(value, s_is_cpu);
-        if (is_cpu == NULL) { PyErr_Clear(); return 0; }
-        Py_DECREF(is_cpu);
-        if (is_cpu != Py_True) return 0;
-        PyObject *shape = PyObject_GetAttr(value, s_shape);
-        if (shape == NULL) { PyErr_Clear(); return 0; }
-        PyObject *dtype = PyObject_GetAttr(value, s_dtype);
-        if (dtype == NULL) { PyErr_Clear(); Py_DECREF(shape); return 0; }
-        PyObject *pair = PyTuple_Pack(2, shape, dtype);
-        Py_DECREF(shape);
-        Py_DECREF(dtype);
-        if (pair == NULL) { PyErr_Clear(); return 0; }
-        *out = PyTuple_Pack(1, pair);
-        Py_DECREF(pair);
-        if (*out == NULL) { PyErr_Clear(); return 0; }
-        return 1;
+    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) {
+        PyObject *pair = shape_and_dtype(self, value, 0);
+        *out = pair ? PyTuple_Pack(1, pair) : NULL;
+        Py_XDECREF(pair);
+        PyErr_Clear();
+        return *out != NULL;
     }
-    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return 0;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
     PyObject **items = PySequence_Fast_ITEMS(value);
     PyObject *meta = PyTuple_New(n);
-    if (meta == NULL) { PyErr_Clear(); return 0; }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = items[i];
-        if (!PyObject_TypeCheck(t, (PyTypeObject *)self->tensor_type)) goto bail;
-        PyObject *is_cpu = PyObject_GetAttr(t, s_is_cpu);
-        if (is_cpu == NULL) goto bail;
-        Py_DECREF(is_cpu);
-        if (is_cpu != Py_True) goto bail;
-        PyObject *shape = PyObject_GetAttr(t, s_shape);
-        if (shape == NULL) goto bail;
-        PyObject *as_tuple = PySequence_Tuple(shape); /* tensor_meta keeps list items as tuples */
-        Py_DECREF(shape);
-        if (as_tuple == NULL) goto bail;
-        PyObject *dtype = PyObject_GetAttr(t, s_dtype);
-        if (dtype == NULL) { Py_DECREF(as_tuple); goto bail; }
-        PyObject *pair = PyTuple_Pack(2, as_tuple, dtype);
-        Py_DECREF(as_tuple);
-        Py_DECREF(dtype);
-        if (pair == NULL) goto bail;
-        PyTuple_SET_ITEM(meta, i, pair);
+    for (Py_ssize_t i = 0; meta != NULL && i < n; i++) {
+        PyObject *pair = shape_and_dtype(self, items[i], 1);
+        if (pair == NULL) Py_CLEAR(meta);
+        else PyTuple_SET_ITEM(meta, i, pair);
     }
-    *out = meta;
-    return 1;
-bail:
     PyErr_Clear();
-    Py_DECREF(meta);
-    return 0;
+    *out = meta;
+    return meta != NULL;
 }
 
 /* A peer or root as a global rank (patching's _endpoint): 1 = *out set, 0 = Python path. */
@@ -298,6 +286,19 @@ static PyObject *call_site(Leaf *self)
         depth++;
     }
     Py_RETURN_NONE;
+}
+
+/* The call raised: tell `notify(a, b, exception)` (it records the failure) and raise it on as is. */
+static void notify_raised(PyObject *notify, PyObject *a, PyObject *b)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL) PyException_SetTraceback(value, traceback);
+    PyObject *done = PyObject_CallFunctionObjArgs(notify, a, b, value, NULL);
+    Py_XDECREF(done);
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
 }
 
 static inline int str_equal(PyObject *a, PyObject *b)
@@ -537,16 +538,7 @@ record:;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     set_slot(tls, T.in_leaf, Py_False);
     if (result == NULL) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        if (traceback != NULL) PyException_SetTraceback(value, traceback);
-        PyObject *ctx = PyTuple_Pack(2, entry, group);
-        PyObject *done = ctx ? PyObject_CallFunctionObjArgs(self->record_failure, ctx, value, NULL) : NULL;
-        Py_XDECREF(ctx);
-        Py_XDECREF(done);
-        PyErr_Clear();
-        PyErr_Restore(type, value, traceback);
+        notify_raised(self->record_failure, entry, group);
     } else if (result == Py_None || Py_TYPE(result) == (PyTypeObject *)self->work_type) {
         finish_cpu(self, entry, group, rid, record_id, seq_before, result);
     } else {
@@ -759,14 +751,7 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
     if (PyUnicode_CompareWithASCIIString(SLOT(entry, E.kind), "p2p") == 0 && as_ll(SLOT(entry, E.peer), &ok) < 0) goto slow;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     if (result == NULL) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        if (traceback != NULL) PyException_SetTraceback(value, traceback);
-        PyObject *done = PyObject_CallFunctionObjArgs(self->wait_failed, entry, work, value, NULL);
-        Py_XDECREF(done);
-        PyErr_Clear();
-        PyErr_Restore(type, value, traceback);
+        notify_raised(self->wait_failed, entry, work);
     } else if (result != Py_False && SLOT(entry, E.work) == work) { /* wait(timeout) returns False on timeout */
         PyObject *now = PyLong_FromLongLong(monotonic_ns());
         if (now) set_slot_steal(entry, E.t_complete_ns, now);
@@ -879,8 +864,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu") INTERN(s_startswith, "startswith")
     INTERN(s_started, "started") INTERN(s_completed, "completed") INTERN(s_failed, "failed")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
-    if ((minus_one = PyLong_FromLong(-1)) == NULL || (zero = PyLong_FromLong(0)) == NULL
-        || (empty_tuple = PyTuple_New(0)) == NULL)
+    if ((minus_one = PyLong_FromLong(-1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);

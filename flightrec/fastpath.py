@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -52,10 +51,8 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
     """`slow` (the Python wrapper) with the common call done in C; `slow` itself when not available."""
     if not available() or spec.kind == "composite" or rec.settings.stacks:
         return slow  # per-entry stacks are taken by the Python path
-    names = ("group", spec.inputs[0] if spec.inputs else None, spec.outputs[0] if spec.outputs else None,
-             "async_op", spec.reduce_op, *(spec.root or spec.peer or (None, None)))
     params = tuple((name, spec.positions.get(name, -1), spec.defaults.get(name)) if name else (None, -1, None)
-                   for name in names)
+                   for name in spec.read_names())
 
     def on_finish_error(exc: BaseException) -> None:
         log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
@@ -65,7 +62,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
         "pending": rec.pending, "by_work": rec.by_work, "polled": rec.polled, "work_type": c10d.Work,
         "slots": rec.ring.slots, "capacity": rec.ring.capacity,
         "ids": rec.ring.ids, "world_dict": vars(c10d._world), "tensor_type": torch.Tensor,
-        "finish": rec.finish, "seq_after": rec._seq_after, "record_failure": partial(record_failure, rec),
+        "finish": rec.finish, "seq_after": rec._seq_after, "record_failure": lambda entry, group, exc: record_failure(rec, (entry, group), exc),
         "on_finish_error": on_finish_error, "site_cache": _SKIP_BY_CODE, "skip_prefixes": _SKIP,
         "site_cache_limit": _SKIP_CACHE_LIMIT, "trust_after": TRUST_AFTER, "recheck_every": RECHECK_EVERY,
         "async_apis": _ASYNC_APIS, "api_name": spec.api, "op_name": spec.op, "kind": spec.kind,
@@ -95,16 +92,17 @@ def wait(rec: Recorder, original: Callable[..., Any], slow: Callable[..., Any]) 
 
 
 def _build(kind: Any, config: dict[str, Any], slow: Callable[..., Any], what: str) -> Any:
-    """The C wrapper, dressed as the Python wrapper `slow` (name, doc, __wrapped__, as functools.wraps
-    gave it); `slow` itself when the C side refuses the config."""
+    """The C wrapper, dressed as the Python wrapper `slow` (name, doc and every attribute functools.wraps
+    and patching gave it); `slow` itself when the C side refuses the config."""
     try:
         fast = kind(config)
     except Exception as exc:  # noqa: BLE001
         log.warn_once(f"fastpath-{what}", f"C hot path unavailable for {what}, recording in Python: {exc!r}")
         return slow
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__", "__wrapped__"):
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
         try:
             setattr(fast, attr, getattr(slow, attr))
         except AttributeError:
             pass
+    vars(fast).update(vars(slow))  # __wrapped__, patching's WRAPPED_MARK
     return fast

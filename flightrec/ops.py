@@ -38,6 +38,12 @@ class OpSpec:
         defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
         return OpSpec(**{**self.__dict__, "positions": positions, "defaults": defaults})
 
+    def read_names(self) -> tuple[str | None, ...]:
+        """The seven parameters the hot path reads (None where the API has none): group, input,
+        output, async_op, reduce op, and the peer's or root's global and group rank."""
+        return ("group", self.inputs[0] if self.inputs else None, self.outputs[0] if self.outputs else None,
+                "async_op", self.reduce_op, *(self.root or self.peer or (None, None)))
+
     def arg(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
         if name in kwargs:
             return kwargs[name]

@@ -64,10 +64,7 @@ def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> 
         return result
 
     setattr(wrapper, WRAPPED_MARK, original)
-    fast = fastpath.leaf(rec, spec, original, wrapper, _record_failure)
-    if fast is not wrapper:
-        setattr(fast, WRAPPED_MARK, original)
-    return fast
+    return fastpath.leaf(rec, spec, original, wrapper, _record_failure)
 
 
 def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], ctx: tuple[Any, Any],
@@ -234,10 +231,7 @@ def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., 
         return result
 
     setattr(wait, WRAPPED_MARK, original)
-    fast = fastpath.wait(rec, original, wait)
-    if fast is not wait:
-        setattr(fast, WRAPPED_MARK, original)
-    return fast
+    return fastpath.wait(rec, original, wait)
 
 
 class Patcher:

@@ -100,9 +100,7 @@ class Recorder:
     def compile(self, spec: OpSpec) -> Callable[[tuple[Any, ...], dict[str, Any], ThreadState],
                                                 tuple[Entry, GroupState] | None]:
         """A `begin` specialised to one API: parameter readers resolved once, not per call."""
-        reader = spec.reader(("group", spec.inputs[0] if spec.inputs else None,
-                              spec.outputs[0] if spec.outputs else None, "async_op", spec.reduce_op,
-                              *(spec.root or spec.peer or (None, None))))
+        reader = spec.reader(spec.read_names())
         endpoint = spec.root or spec.peer
         is_coll = spec.kind == "coll"
         is_send = spec.direction == "send"
