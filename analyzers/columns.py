@@ -454,6 +454,23 @@ def group_ids(columns: Sequence[np.ndarray], sort: bool = False) -> np.ndarray:
     return pd.factorize(key, sort=sort)[0]
 
 
+def ids_within_ranks(rank: np.ndarray, other: np.ndarray, sort: bool = False, pieces: int = 16) -> np.ndarray:
+    """`group_ids([rank, other], sort)` for rows sorted by rank, hashed a slice of ranks at a time
+    (a pair never spans two slices): one hash table over tens of millions of rows is sized for all
+    of them, a gigabyte at 16k ranks."""
+    if not len(rank):
+        return np.zeros(0, dtype=np.int64)
+    bounds = np.searchsorted(rank, np.linspace(rank[0], rank[-1] + 1, pieces + 1)[1:-1], side="left")
+    out = np.empty(len(rank), dtype=np.int64)
+    base = 0
+    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(rank)]]), strict=True):
+        if hi > lo:
+            ids = group_ids([rank[lo:hi], other[lo:hi]], sort=sort)
+            out[lo:hi] = ids + base
+            base += int(ids.max()) + 1
+    return out
+
+
 def first_rows(ids: np.ndarray) -> np.ndarray:
     """For ids 0..k-1 (as from `group_ids`), the index of each id's first row: one scattered min."""
     first = np.full(int(ids.max()) + 1 if len(ids) else 0, len(ids), dtype=np.int64)

@@ -225,7 +225,8 @@ def _p2p_mismatches(entries: pd.DataFrame) -> list[Mismatch]:
     Compared as integer codes: at scale there are millions of transfers and a handful of distinct
     payloads, and strings are made only for the pairs that differ.
     """
-    p2p = entries.loc[(entries["kind"] == "p2p") & (entries["seq"] > 0) & (entries["peer"] >= 0)]
+    wanted = ["rank", "peer", "group", "seq", "op", "in_shapes", "out_shapes", "in_dtypes", "out_dtypes"]
+    p2p = entries.loc[(entries["kind"] == "p2p") & (entries["seq"] > 0) & (entries["peer"] >= 0), wanted]  # not all ~30 columns
     if p2p.empty:
         return []
     is_send = (p2p["op"] == "send").to_numpy()
@@ -246,8 +247,13 @@ def _p2p_mismatches(entries: pd.DataFrame) -> list[Mismatch]:
         frame[name] = np.where(is_send, np.where(empty_in, out_code, in_code), np.where(empty_out, in_code, out_code))
         labels[name] = cats
     table = pd.DataFrame(frame)
+    packed = pack_keys([table[c].to_numpy() for c in ("group", "src", "dst", "seq")])
     key = ["group", "src", "dst", "seq"]
-    pairs = table[is_send].merge(table[~is_send], on=key, suffixes=("_s", "_r"))
+    if packed is not None:  # one int64 join key: several times cheaper to merge on than four columns
+        table["key"] = packed
+        pairs = table[is_send].merge(table.loc[~is_send, ["key", *labels]], on="key", suffixes=("_s", "_r"))
+    else:
+        pairs = table[is_send].merge(table[~is_send], on=key, suffixes=("_s", "_r"))
     groups = pd.Categorical(p2p["group"]).categories
     out: list[Mismatch] = []
     for name in ("shapes", "dtypes"):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import first_rows, group_ids
+from .columns import first_rows, group_ids, ids_within_ranks, pack_keys
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and be the last to arrive in at least this share of its collectives
@@ -41,6 +41,37 @@ def _ints(series: pd.Series, missing: int = -1) -> np.ndarray:
     return series.to_numpy(dtype="int64", na_value=missing)
 
 
+def _gather(series: pd.Series, rows: np.ndarray | None = None, missing: int = -1) -> np.ndarray:
+    """`rows` of an integer column as int64 (nulls as `missing`), without converting the whole
+    column first: at scale each full-length temporary is a quarter of a gigabyte."""
+    if series.dtype == np.int64:
+        values = series.to_numpy()  # a view
+        return values if rows is None else values[rows]
+    array = series.array if rows is None else series.array.take(rows)
+    return np.asarray(array.to_numpy(dtype="int64", na_value=missing))
+
+
+def _int32(values: np.ndarray) -> np.ndarray:
+    """`values` in 32 bits when they fit (ranks, sequence numbers, instance ids), else unchanged."""
+    if len(values) and (int(values.min()) < -(1 << 31) or int(values.max()) >= 1 << 31):
+        return values
+    return values.astype(np.int32)
+
+
+def _is(column: pd.Series, value: str) -> np.ndarray:
+    """`column == value` for a categorical column, compared on its codes (no string per row)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        found = column.cat.categories.get_indexer([value])[0]
+        return column.cat.codes.to_numpy() == found if found >= 0 else np.zeros(len(column), dtype=bool)
+    return (column == value).to_numpy(dtype=bool, na_value=False)
+
+
+def _codes(column: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """A text column as integer codes and their labels (str), however it is stored."""
+    cat = column.astype("category")
+    return cat.cat.codes.to_numpy(), pd.Index([str(c) for c in cat.cat.categories], dtype=object)
+
+
 def _ordered(rank: np.ndarray, t: np.ndarray) -> bool:
     """True when rows are already sorted by rank, then by time (checked in one pass, no sort)."""
     step_rank, step_t = np.diff(rank), np.diff(t)
@@ -52,50 +83,56 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
 
     The gap (enqueue minus the latest completion of the rank's earlier blocking ops, one clock) is
     the time the rank spent on its own work before arriving: what can make it late by itself.
-    Built from numpy columns: at 16k ranks this table has tens of millions of rows.
+    Built from numpy columns gathered once through one index: at 16k ranks this table has tens
+    of millions of rows, and the entry table has ~30 columns it must not copy.
     """
-    is_coll, is_p2p = (entries["kind"] == "coll").to_numpy(), (entries["kind"] == "p2p").to_numpy()
-    enq, comp = _ints(entries["t_enqueue_ns"]), _ints(entries["t_complete_ns"])
-    timed = entries["t_enqueue_ns"].notna().to_numpy() & entries["t_complete_ns"].notna().to_numpy()
-    mask = ((is_coll | is_p2p) & (entries["state"] == "completed").to_numpy()
-            & ~entries["is_async"].to_numpy(dtype=bool, na_value=False) & timed & (_ints(entries["seq"]) >= 0))
-    ops = pd.DataFrame({
-        "rank": _ints(entries["rank"])[mask],
-        "group": entries["group"].astype("category").array[mask],
-        "seq": _ints(entries["seq"])[mask],
-        "kind": pd.Categorical.from_codes(np.where(is_coll[mask], 0, 1).astype(np.int8),
-                                          categories=pd.Index(["coll", "p2p"], dtype=object)),
-        "op": entries["op"].astype("category").array[mask],
-        "peer": _ints(entries["peer"])[mask] if "peer" in entries.columns else np.full(int(mask.sum()), -1),
-        "t_enqueue_ns": enq[mask], "t_complete_ns": comp[mask],
-    })
-    ops["group"] = ops["group"].astype("category")
-    ops["group"] = ops["group"].cat.rename_categories([str(c) for c in ops["group"].cat.categories])
-    enq_col, rank_col = ops["t_enqueue_ns"].to_numpy(), ops["rank"].to_numpy()
-    if len(ops) > 1 and not _ordered(rank_col, enq_col):  # entries come by rank in record order: usually sorted
-        ops = ops.iloc[np.lexsort((enq_col, rank_col))].reset_index(drop=True)
-    rank = ops["rank"].to_numpy()
+    is_coll, is_p2p = _is(entries["kind"], "coll"), _is(entries["kind"], "p2p")
+    enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
+    mask = ((is_coll | is_p2p) & _is(entries["state"], "completed") & (_gather(entries["seq"]) >= 0)
+            & ~entries["is_async"].to_numpy(dtype=bool, na_value=False)
+            & ~enq_col.isna().to_numpy() & ~comp_col.isna().to_numpy())
+    del is_coll
+    rows = np.flatnonzero(mask)
+    del mask
+    rank, enq = _gather(entries["rank"], rows), _gather(enq_col, rows)
+    if len(rows) > 1 and not _ordered(rank, enq):  # entries come by rank in record order: usually sorted
+        order = np.lexsort((enq, rank))
+        rows, rank, enq = rows[order], rank[order], enq[order]
+    comp = _gather(comp_col, rows)
     starts = np.zeros(len(rank), dtype=np.int64)  # each row's first row of its rank
     if len(rank):
         cuts = np.flatnonzero(np.diff(rank)) + 1
         starts[cuts] = cuts
         starts = np.maximum.accumulate(starts)
-    busy = _running_max(ops["t_complete_ns"].to_numpy(), starts).astype("float64")
-    before = np.empty_like(busy)
-    before[0:1] = np.nan
-    before[1:] = busy[:-1]
-    before[starts == np.arange(len(rank))] = np.nan  # a rank's first op: gap unknown
-    gap = ops["t_enqueue_ns"].to_numpy() - before
+    busy = _running_max(comp, starts)
+    gap = np.empty(len(rank), dtype="float64")
+    gap[0:1] = np.nan
+    np.subtract(enq[1:], busy[:-1], out=gap[1:], casting="unsafe")
+    del busy
+    gap[starts == np.arange(len(rank))] = np.nan  # a rank's first op: gap unknown
     # Back-to-back ops (a receive then a send) have no compute between them: such an op is
     # preceded by the rank's latest real compute, so that is the gap it is judged by.
-    real = np.flatnonzero(gap >= MIN_COMPUTE_NS)
     latest = np.full(len(gap), -1, dtype=np.int64)
+    real = np.flatnonzero(gap >= MIN_COMPUTE_NS)
     latest[real] = real
+    del real
     latest = np.maximum.accumulate(latest) if len(latest) else latest  # the latest real compute so far...
     own = latest >= starts  # ... on the same rank
-    ops["gap_ns"] = np.where(own, gap[np.maximum(latest, 0)], gap)
-    ops["duration_ns"] = ops["t_complete_ns"] - ops["t_enqueue_ns"]
-    return ops
+    gap = np.where(own, gap[np.maximum(latest, 0)], gap)
+    del latest, own, starts
+    group, group_names = _codes(entries["group"])
+    op, op_names = _codes(entries["op"])
+    return pd.DataFrame({
+        "rank": rank,
+        "group": pd.Categorical.from_codes(group[rows], categories=group_names),
+        "seq": _gather(entries["seq"], rows),
+        "kind": pd.Categorical.from_codes(is_p2p[rows].astype(np.int8), categories=pd.Index(["coll", "p2p"], dtype=object)),
+        "op": pd.Categorical.from_codes(op[rows], categories=op_names),
+        "peer": _gather(entries["peer"], rows) if "peer" in entries.columns else np.full(len(rows), -1, dtype=np.int64),
+        "t_enqueue_ns": enq, "t_complete_ns": comp,
+        "gap_ns": gap,
+        "duration_ns": comp - enq,
+    }, copy=False)
 
 
 def _running_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -112,6 +149,23 @@ def _running_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(values + lift) - lift
 
 
+def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
+    """0..k-1 per distinct row of the integer `columns`, in key order. When the packed key space is
+    small next to the rows (a collective's group and seq), a presence table numbers them without
+    hashing (a hash table over tens of millions of rows costs seconds and a gigabyte)."""
+    key = pack_keys(columns)
+    if key is None or not len(key):
+        return group_ids(columns, sort=True)
+    span = int(key.max()) + 1
+    if span > 2 * len(key) or span >= 1 << 31:
+        return pd.factorize(key, sort=True)[0]
+    present = np.zeros(span, dtype=bool)
+    present[key] = True
+    number = np.cumsum(present, dtype=np.int32)
+    number -= 1
+    return number[key].astype(np.int64)
+
+
 def _per_id(reduce: np.ufunc, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     """`reduce` (np.maximum, np.minimum, np.fmin) of `values` over the rows of each id, back on every
     row: a groupby-transform on small non-negative ids, as one scattered reduction."""
@@ -123,34 +177,50 @@ def _per_id(reduce: np.ufunc, ids: np.ndarray, values: np.ndarray) -> np.ndarray
     return out[ids]
 
 
-def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
-    """Ops keyed by the instance they belong to: (group, seq) for collectives, plus the pair for p2p.
+def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.Index]:
+    """Which ops belong to complete instances, and each one's instance and channel.
 
-    Only complete instances count: every member of a collective, both sides of a transfer. Keys
-    and channels are integer codes; channel labels are made once per channel, not per row.
+    An instance is (group, seq) for a collective, plus the pair for p2p; only complete ones count:
+    every member of a collective, both sides of a transfer. Returns the kept rows of `ops`, their
+    instance ids and channel codes, and the channel labels (made once per channel, not per row).
     """
-    is_send, is_p2p = (ops["op"] == "send").to_numpy(), (ops["kind"] == "p2p").to_numpy()
-    usable = ~is_p2p | ((is_send | (ops["op"] == "recv").to_numpy()) & (ops["peer"] >= 0).to_numpy())
-    ops = ops[usable].reset_index(drop=True)
-    is_send, is_p2p = is_send[usable], is_p2p[usable]
-    rank, peer = ops["rank"].to_numpy(), ops["peer"].to_numpy()
-    group_code = ops["group"].cat.codes.to_numpy().astype("int64")
-    src = np.where(is_p2p, np.where(is_send, rank, peer), -1)
-    dst = np.where(is_p2p, np.where(is_send, peer, rank), -1)
-    instance = group_ids([is_p2p.astype("int64"), group_code, src, dst, ops["seq"].to_numpy()])
+    is_send, is_p2p = _is(ops["op"], "send"), (ops["kind"].cat.codes == 1).to_numpy()
+    peer_all = ops["peer"].to_numpy()
+    usable = np.flatnonzero(~is_p2p | ((is_send | _is(ops["op"], "recv")) & (peer_all >= 0)))
+    is_send, is_p2p, peer = is_send[usable], is_p2p[usable], peer_all[usable]
+    group_code = ops["group"].cat.codes.to_numpy()[usable].astype("int64")
+    rank = ops["rank"].to_numpy()[usable]
+    seq = ops["seq"].to_numpy()[usable]
+    instance = np.empty(len(usable), dtype=np.int64)
+    coll = np.flatnonzero(~is_p2p)  # collectives: (group, seq), a small dense key space
+    coll_ids = _dense_ids([group_code[coll], seq[coll]])
+    instance[coll] = coll_ids
+    offset = int(coll_ids.max()) + 1 if len(coll_ids) else 0
+    del coll, coll_ids
+    p2p = np.flatnonzero(is_p2p)  # transfers: (group, src, dst, seq), hashed over these rows only
+    sends = is_send[p2p]
+    src, dst = np.where(sends, rank[p2p], peer[p2p]), np.where(sends, peer[p2p], rank[p2p])
+    instance[p2p] = offset + _dense_ids([group_code[p2p], src, dst, seq[p2p]])
+    del rank, seq, p2p, sends, src, dst  # tens of millions of rows: each temporary goes once it has served
+    names = np.asarray(ops["group"].cat.categories.astype(str))
+    sizes = np.array([group_sizes.get(str(g), 0) for g in names], dtype="int64")
     members = np.bincount(instance)[instance]
-    sizes = np.array([group_sizes.get(str(g), 0) for g in ops["group"].cat.categories], dtype="int64")
-    expected = np.where(is_p2p, 2, sizes[group_code] if len(sizes) else 0)
-    keep = (members == expected) & (members >= 2)
-    direction = np.where(is_p2p, np.where(is_send, 1, 2), 0)
+    keep = np.flatnonzero((members == np.where(is_p2p, 2, sizes[group_code] if len(sizes) else 0)) & (members >= 2))
+    del members
+    direction = np.where(is_p2p, np.where(is_send, 1, 2), 0).astype(np.int8)
     channel = group_ids([group_code, direction, np.where(is_p2p, peer, -1)])
     first = first_rows(channel)
-    names = np.asarray(ops["group"].cat.categories.astype(str))
-    labels = [f"{names[group_code[i]]}" if direction[i] == 0 else
-              f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}" for i in first]
-    ops["instance"] = instance
-    ops["channel"] = pd.Categorical.from_codes(channel, categories=labels)  # one label per (group, direction, peer)
-    return ops[keep].reset_index(drop=True)
+    labels = pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
+                       f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}"
+                       for i in first], dtype=object)
+    kept = instance[keep]
+    present = np.zeros(int(instance.max()) + 1 if len(instance) else 0, dtype=bool)
+    present[kept] = True
+    renumber = np.cumsum(present) - 1  # the complete instances as 0..k-1, in their order
+    return usable[keep], renumber[kept], channel[keep], labels
+
+
+LATENESS_COLUMNS = ("rank", "group", "seq", "op", "t_enqueue_ns", "t_complete_ns")
 
 
 def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
@@ -163,33 +233,47 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     stage draining) gets little of it; the slow rank gets all of it.
     """
     ops = _blocking_ops(entries)
-    empty = {"instance": pd.Series(dtype="int64"), "channel": pd.Series(dtype=str), "late_ns": pd.Series(dtype="int64"),
-             "own_late_ns": pd.Series(dtype="float64"), "last": pd.Series(dtype=bool)}
-    if ops.empty:
-        return ops.assign(**empty)
-    done = _instances(ops, group_sizes)
-    if done.empty:
-        return done.assign(**{k: v for k, v in empty.items() if k not in done.columns})
-    instance = done["instance"].to_numpy()
-    duration = done["duration_ns"].to_numpy()
+    rows, instance, channel, labels = _instances(ops, group_sizes) if len(ops) else (
+        np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), pd.Index([], dtype=object))
+    duration, gap = ops["duration_ns"].to_numpy()[rows], ops["gap_ns"].to_numpy()[rows]
+    # one gather, of the columns kept; ranks, sequence numbers and instances in 32 bits (a third
+    # of a gigabyte less at 16k ranks: this table stays as long as the analysis)
+    small = {name: _int32(ops[name].to_numpy()[rows]) for name in ("rank", "seq")}
+    done = pd.DataFrame({name: small[name] if name in small else ops[name].array.take(rows)
+                         for name in LATENESS_COLUMNS}, copy=False)
+    del ops, small
+    done["instance"] = _int32(instance)
+    done["channel"] = pd.Categorical.from_codes(channel, categories=labels)  # one label per (group, direction, peer)
+    if not len(done):
+        return done.assign(late_ns=np.zeros(0, dtype="int64"), own_late_ns=np.zeros(0), last=np.zeros(0, dtype=bool))
     longest, shortest = _per_id(np.maximum, instance, duration), _per_id(np.minimum, instance, duration)
-    done["late_ns"] = longest - duration
-    done["last"] = duration == shortest
-    gap = done["gap_ns"].to_numpy()
+    late = longest - duration
     least_gap = _per_id(np.fmin, instance, gap)  # fmin: a rank's first op (gap NaN) does not hide the others'
     excess = np.clip(gap - least_gap, 0, None)
-    done["own_late_ns"] = np.minimum(done["late_ns"].to_numpy(), np.where(np.isnan(excess), np.inf, excess))
+    done["late_ns"] = late
+    done["own_late_ns"] = np.minimum(late, np.where(np.isnan(excess), np.inf, excess))
+    done["last"] = duration == shortest
     return done
 
 
 def clock_offsets(lateness: pd.DataFrame, wall_offsets: dict[int, int]) -> dict[int, float]:
-    """Each rank's clock relative to the others (ms), from when members left the same collective."""
+    """Each rank's clock relative to the others (ms), from when members left the same collective.
+
+    Wall times are taken relative to the earliest exit before they become floats, so the
+    median keeps nanosecond precision (a float64 of ~1.7e18 ns would not).
+    """
     if lateness.empty or not wall_offsets:
         return {}
-    exits = lateness[["rank", "instance", "t_complete_ns"]].copy()
-    exits["wall"] = exits["t_complete_ns"].astype("int64") + exits["rank"].map(wall_offsets).fillna(0).astype("int64")
-    exits["dev"] = exits["wall"] - exits.groupby("instance")["wall"].transform("median")
-    return {int(r): round(float(v) / 1e6, 3) for r, v in exits.groupby("rank")["dev"].median().items()}
+    rank = lateness["rank"].to_numpy()
+    offset = np.zeros(int(rank.max()) + 1, dtype=np.int64)
+    known = {r: o for r, o in wall_offsets.items() if 0 <= r < len(offset)}
+    offset[list(known)] = list(known.values())
+    wall = lateness["t_complete_ns"].to_numpy().astype(np.int64) + offset[rank]
+    wall = (wall - wall.min()).astype("float64")
+    instance = lateness["instance"].to_numpy()
+    median = pd.Series(wall).groupby(instance).median().to_numpy()  # instances are 0..k-1
+    dev = pd.Series(wall - median[instance]).groupby(rank).median()
+    return {int(r): round(float(v) / 1e6, 3) for r, v in dev.items()}
 
 
 def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
@@ -201,10 +285,21 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
     explains most of the wait; lateness counts only in votes, so being held up by others (the last
     pipeline stage draining into a global all_reduce) is never the rank's own.
     """
-    vote = lateness["last"] & (lateness["own_late_ns"] >= 0.25 * lateness["late_ns"]) & (lateness["late_ns"] > 0)
-    data = lateness.assign(vote=vote, credited=lateness["own_late_ns"].where(vote, 0.0))
-    per_channel = data.groupby(["rank", "channel"], observed=True).agg(
-        late_ns=("credited", "median"), votes=("vote", "sum"), n=("vote", "size")).reset_index()
+    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
+    vote = lateness["last"].to_numpy() & (own >= 0.25 * late) & (late > 0)
+    rank, channel = lateness["rank"].to_numpy(), lateness["channel"].cat.codes.to_numpy()
+    by_rank = bool((np.diff(rank) >= 0).all())  # lateness rows come by rank
+    key = ids_within_ranks(rank, channel) if by_rank else group_ids([rank, channel])  # per (rank, channel)
+    first = first_rows(key)
+    n = np.bincount(key)
+    votes = np.bincount(key[vote], minlength=len(n))
+    per_channel = pd.DataFrame({
+        "rank": rank[first],
+        "channel": pd.Categorical.from_codes(channel[first], dtype=lateness["channel"].dtype),
+        "late_ns": _median_with_zeros(key[vote], own[vote], n),
+        "votes": votes,
+        "n": n,
+    }).sort_values(["rank", "channel"], kind="stable")  # (rank, channel) order, as a group-by gives
     per_channel = per_channel[per_channel["n"] >= MIN_INSTANCES]
     if per_channel.empty:
         return pd.DataFrame(columns=["late_ms_median", "votes", "n", "vote_share", "score", "channels"])
@@ -224,21 +319,49 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
     return per
 
 
+def _median_with_zeros(key: np.ndarray, values: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Per key 0..k-1: the median of its `values` (all > 0) together with `n[key]` minus their
+    count zeros. Only the few voting rows are sorted: the zeros are known to come first."""
+    order = np.lexsort((values, key))
+    key, values = key[order], values[order]
+    count = np.bincount(key, minlength=len(n))
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    zeros = n - count
+
+    def at(i: np.ndarray) -> np.ndarray:  # the i-th smallest of each key's n values
+        inside = i >= zeros
+        where = np.where(inside, start + i - zeros, 0)
+        return np.where(inside, values[np.minimum(where, max(len(values) - 1, 0))] if len(values) else 0.0, 0.0)
+
+    return (at((n - 1) // 2) + at(n // 2)) / 2
+
+
 def p2p_links(entries: pd.DataFrame) -> pd.DataFrame:
     """Per (src, dst): median transfer time of completed, matched sends and receives (ms)."""
-    p2p = entries[(entries["kind"] == "p2p") & (entries["state"] == "completed") & (entries["seq"] >= 0)
-                  & entries["t_enqueue_ns"].notna() & entries["t_complete_ns"].notna()]
-    if p2p.empty:
-        return pd.DataFrame(columns=["src", "dst", "transfer_ms", "count"])
-    # the group as its integer code and the op tested on its categories: no string per transfer
-    p2p = p2p.assign(duration_ns=(p2p["t_complete_ns"] - p2p["t_enqueue_ns"]).astype("int64"),
-                     group=pd.Categorical(p2p["group"]).codes)
-    is_send = (p2p["op"] == "send").to_numpy()
-    p2p = p2p.assign(src=np.where(is_send, p2p["rank"], p2p["peer"]), dst=np.where(is_send, p2p["peer"], p2p["rank"]))
-    sends, recvs = p2p[is_send], p2p[~is_send]
-    pairs = sends.merge(recvs, on=["group", "src", "dst", "seq"], suffixes=("_s", "_r"))
+    none = pd.DataFrame(columns=["src", "dst", "transfer_ms", "count"])
+    if "peer" not in entries.columns:
+        return none
+    enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
+    seq = _ints(entries["seq"])
+    rows = np.flatnonzero(_is(entries["kind"], "p2p") & _is(entries["state"], "completed") & (seq >= 0)
+                          & ~enq_col.isna().to_numpy() & ~comp_col.isna().to_numpy())
+    if not len(rows):
+        return none
+    # only the p2p rows' columns are gathered: never a copy of the whole entry table
+    is_send = _is(entries["op"], "send")[rows]
+    rank, peer = _ints(entries["rank"])[rows], _ints(entries["peer"])[rows]
+    p2p = pd.DataFrame({
+        "group": _codes(entries["group"])[0][rows], "seq": seq[rows],
+        "src": np.where(is_send, rank, peer), "dst": np.where(is_send, peer, rank),
+        "duration_ns": _ints(comp_col)[rows] - _ints(enq_col)[rows],
+    })
+    key = pack_keys([p2p[c].to_numpy() for c in ("group", "src", "dst", "seq")])
+    on = ["key"] if key is not None else ["group", "src", "dst", "seq"]
+    if key is not None:
+        p2p = p2p.assign(key=key)
+    pairs = p2p[is_send].merge(p2p[~is_send][[*on, "duration_ns"]], on=on, suffixes=("_s", "_r"))
     if pairs.empty:
-        return pd.DataFrame(columns=["src", "dst", "transfer_ms", "count"])
+        return none
     # the side that arrived later waited least: its duration is closest to the transfer itself
     pairs["transfer_ms"] = np.minimum(pairs["duration_ns_s"], pairs["duration_ns_r"]) / 1e6
     return pairs.groupby(["src", "dst"]).agg(transfer_ms=("transfer_ms", "median"), count=("transfer_ms", "size")).reset_index()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
+import pickle
 import signal
 import time
 from collections.abc import Callable
@@ -40,9 +42,26 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
                 kill_tree(p.pid)
             p.join(5)
     codes = [p.exitcode for p in ctx.processes]
-    if not allow_failure and any(code != 0 for code in codes):
-        raise JobFailed(f"ranks exited with {codes}")
+    try:
+        if not allow_failure and any(code != 0 for code in codes):
+            raise JobFailed(f"ranks exited with {codes}\n{_tracebacks(ctx)}")
+    finally:
+        for name in ctx.error_files:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
     return codes
+
+
+def _tracebacks(ctx: Any) -> str:
+    """The ranks' own tracebacks: spawned workers pickle them to a file instead of printing them."""
+    texts = []
+    for rank, name in enumerate(ctx.error_files):
+        try:
+            with open(name, "rb") as handle:
+                texts.append(f"--- rank {rank} ---\n{pickle.load(handle)}")
+        except (OSError, EOFError, pickle.UnpicklingError):  # that rank raised nothing
+            pass
+    return "\n".join(texts)
 
 
 def init_rank(rank: int, world_size: int, port: int) -> None:

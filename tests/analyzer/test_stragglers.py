@@ -221,3 +221,40 @@ def test_compute_gaps_equal_the_per_rank_group_by(data) -> None:  # noqa: ANN001
     gap = pd.Series(ops["t_enqueue_ns"].to_numpy() - before)
     expected = gap.where(gap >= MIN_COMPUTE_NS).groupby(ops["rank"].to_numpy(), sort=False).ffill().fillna(gap).to_numpy()
     np.testing.assert_array_equal(ops["gap_ns"].to_numpy(), expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_median_with_implied_zeros_equals_the_group_by_median(data) -> None:  # noqa: ANN001
+    """rank_scores takes each channel's median from its voting rows only, the others being zeros."""
+    import numpy as np
+
+    from analyzers.stragglers import _median_with_zeros
+
+    keys = data.draw(st.integers(1, 6))
+    n = np.asarray(data.draw(st.lists(st.integers(1, 9), min_size=keys, max_size=keys)))
+    key, values, full_key, full = [], [], [], []
+    for k in range(keys):
+        voting = data.draw(st.lists(st.integers(1, 10**6), max_size=int(n[k])))
+        key += [k] * len(voting)
+        values += voting
+        full_key += [k] * int(n[k])
+        full += voting + [0] * (int(n[k]) - len(voting))
+    got = _median_with_zeros(np.asarray(key, dtype=np.int64), np.asarray(values, dtype="float64"), n)
+    expected = pd.Series(full, dtype="float64").groupby(full_key).median().to_numpy()
+    np.testing.assert_allclose(got, expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_ids_within_ranks_equal_the_one_hash_numbering(data) -> None:  # noqa: ANN001
+    """Numbering (rank, channel) a slice of ranks at a time gives the ids one hash over all rows gives."""
+    import numpy as np
+
+    from analyzers.columns import group_ids, ids_within_ranks
+
+    n = data.draw(st.integers(1, 60))
+    rank = np.sort(np.asarray(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))))
+    other = np.asarray(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)))
+    pieces, sort = data.draw(st.integers(1, 20)), data.draw(st.booleans())
+    np.testing.assert_array_equal(ids_within_ranks(rank, other, sort, pieces), group_ids([rank, other], sort))
