@@ -146,6 +146,17 @@ def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: 
     init_rank(rank, world_size, port)
     from flightrec import control
 
+    # Same ranks, hashed name: PyTorch reuses the name every cycle. Few cycles, first: re-created
+    # names make gloo itself (no recorder loaded, lazy init) fail the new group's first connection
+    # now and then ("Connection reset by peer"; 2-6 of 10 runs of 40 cycles on 2 loaded cores).
+    for _ in range(cycles):
+        g = dist.new_group([0, 1], use_local_synchronization=True)
+        dist.all_reduce(torch.ones(1), group=g)
+        dist.all_reduce(torch.ones(1), group=g)
+        dist.barrier()
+        dist.destroy_process_group(g)
+    del g
+
     groups = [dist.new_group([0, 1]) for _ in range(threads)]
     start = threading.Barrier(threads + 1)
 
@@ -175,12 +186,6 @@ def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: 
     registry = control.current().recorder.groups
     live_after_many = len(registry.known())
 
-    for _ in range(cycles):  # same ranks, hashed name: PyTorch reuses the name every cycle
-        g = dist.new_group([0, 1], use_local_synchronization=True)
-        dist.all_reduce(torch.ones(1), group=g)
-        dist.all_reduce(torch.ones(1), group=g)
-        dist.barrier()
-        dist.destroy_process_group(g)
     path = flightrec.dump("threads-and-groups")
     _save(f"{result}.{rank}", {"path": path, "created_s": created_s, "live_after_many": live_after_many,
                                "live_at_end": len(registry.known()), "retired": len(registry.retired),
