@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import groups as groups_mod
 from .causes import CauseResult, build_graph, find_causes
-from .columns import first_rows, group_ids, ids_within_ranks
+from .columns import first_rows, ids_within_ranks
 from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
 from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
@@ -209,8 +209,7 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
     rank = entries["rank"].to_numpy()
     rows = np.isin(rank, wrapped) & (entries["kind"] == "coll").to_numpy() & (groups.codes >= 0)
     rank, code, seq = rank[rows], groups.codes[rows].astype(np.int64), entries["seq"].to_numpy()[rows]
-    by_rank = bool((np.diff(rank) >= 0).all())  # one id per (rank, group), in rank then group order
-    ids = ids_within_ranks(rank, code, sort=True) if by_rank else group_ids([rank, code], sort=True)
+    ids = ids_within_ranks(rank, code, sort=True)  # one id per (rank, group), in rank then group order
     first_row = first_rows(ids)
     lowest = np.full(len(first_row), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(lowest, ids, seq.astype(np.int64))

@@ -455,11 +455,13 @@ def group_ids(columns: Sequence[np.ndarray], sort: bool = False) -> np.ndarray:
 
 
 def ids_within_ranks(rank: np.ndarray, other: np.ndarray, sort: bool = False, pieces: int = 16) -> np.ndarray:
-    """`group_ids([rank, other], sort)` for rows sorted by rank, hashed a slice of ranks at a time
-    (a pair never spans two slices): one hash table over tens of millions of rows is sized for all
-    of them, a gigabyte at 16k ranks."""
+    """`group_ids([rank, other], sort)`. Rows sorted by rank (the usual case) are hashed a slice of
+    ranks at a time, since a pair never spans two slices: one hash table over tens of millions of
+    rows is sized for all of them, a gigabyte at 16k ranks."""
     if not len(rank):
         return np.zeros(0, dtype=np.int64)
+    if not bool((np.diff(rank) >= 0).all()):
+        return group_ids([rank, other], sort=sort)
     bounds = np.searchsorted(rank, np.linspace(rank[0], rank[-1] + 1, pieces + 1)[1:-1], side="left")
     out = np.empty(len(rank), dtype=np.int64)
     base = 0
@@ -469,6 +471,20 @@ def ids_within_ranks(rank: np.ndarray, other: np.ndarray, sort: bool = False, pi
             out[lo:hi] = ids + base
             base += int(ids.max()) + 1
     return out
+
+
+TRANSFER_KEY = ("group", "src", "dst", "seq")
+
+
+def pair_transfers(table: pd.DataFrame, is_send: np.ndarray, carried: Sequence[str]) -> pd.DataFrame:
+    """Each send of `table` (integer columns group, src, dst, seq) joined to its receive, which
+    brings `carried` (columns in both sides get the suffixes _s and _r). Joined on one packed int64
+    key when it fits: several times cheaper than merging on four columns."""
+    packed = pack_keys([table[c].to_numpy() for c in TRANSFER_KEY])
+    on = ["key"] if packed is not None else list(TRANSFER_KEY)
+    if packed is not None:
+        table = table.assign(key=packed)
+    return table[is_send].merge(table.loc[~is_send, [*on, *carried]], on=on, suffixes=("_s", "_r"))
 
 
 def first_rows(ids: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import first_rows, group_ids, pack_keys
+from .columns import first_rows, group_ids, pack_keys, pair_transfers
 from .constants import (
     ALL_GATHER_OPS,
     GATHER_OPS,
@@ -246,14 +246,7 @@ def _p2p_mismatches(entries: pd.DataFrame) -> list[Mismatch]:
         # a send's payload is its input, a receive's its output (the other one when that is empty)
         frame[name] = np.where(is_send, np.where(empty_in, out_code, in_code), np.where(empty_out, in_code, out_code))
         labels[name] = cats
-    table = pd.DataFrame(frame)
-    packed = pack_keys([table[c].to_numpy() for c in ("group", "src", "dst", "seq")])
-    key = ["group", "src", "dst", "seq"]
-    if packed is not None:  # one int64 join key: several times cheaper to merge on than four columns
-        table["key"] = packed
-        pairs = table[is_send].merge(table.loc[~is_send, ["key", *labels]], on="key", suffixes=("_s", "_r"))
-    else:
-        pairs = table[is_send].merge(table[~is_send], on=key, suffixes=("_s", "_r"))
+    pairs = pair_transfers(pd.DataFrame(frame), is_send, list(labels))
     groups = pd.Categorical(p2p["group"]).categories
     out: list[Mismatch] = []
     for name in ("shapes", "dtypes"):

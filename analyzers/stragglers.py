@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import first_rows, group_ids, ids_within_ranks, pack_keys
+from .columns import first_rows, group_ids, ids_within_ranks, pack_keys, pair_transfers
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and be the last to arrive in at least this share of its collectives
@@ -288,8 +288,7 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
     late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
     vote = lateness["last"].to_numpy() & (own >= 0.25 * late) & (late > 0)
     rank, channel = lateness["rank"].to_numpy(), lateness["channel"].cat.codes.to_numpy()
-    by_rank = bool((np.diff(rank) >= 0).all())  # lateness rows come by rank
-    key = ids_within_ranks(rank, channel) if by_rank else group_ids([rank, channel])  # per (rank, channel)
+    key = ids_within_ranks(rank, channel)  # per (rank, channel)
     first = first_rows(key)
     n = np.bincount(key)
     votes = np.bincount(key[vote], minlength=len(n))
@@ -342,24 +341,20 @@ def p2p_links(entries: pd.DataFrame) -> pd.DataFrame:
     if "peer" not in entries.columns:
         return none
     enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
-    seq = _ints(entries["seq"])
+    seq = _gather(entries["seq"])
     rows = np.flatnonzero(_is(entries["kind"], "p2p") & _is(entries["state"], "completed") & (seq >= 0)
                           & ~enq_col.isna().to_numpy() & ~comp_col.isna().to_numpy())
     if not len(rows):
         return none
     # only the p2p rows' columns are gathered: never a copy of the whole entry table
     is_send = _is(entries["op"], "send")[rows]
-    rank, peer = _ints(entries["rank"])[rows], _ints(entries["peer"])[rows]
+    rank, peer = _gather(entries["rank"], rows), _gather(entries["peer"], rows)
     p2p = pd.DataFrame({
         "group": _codes(entries["group"])[0][rows], "seq": seq[rows],
         "src": np.where(is_send, rank, peer), "dst": np.where(is_send, peer, rank),
-        "duration_ns": _ints(comp_col)[rows] - _ints(enq_col)[rows],
+        "duration_ns": _gather(comp_col, rows) - _gather(enq_col, rows),
     })
-    key = pack_keys([p2p[c].to_numpy() for c in ("group", "src", "dst", "seq")])
-    on = ["key"] if key is not None else ["group", "src", "dst", "seq"]
-    if key is not None:
-        p2p = p2p.assign(key=key)
-    pairs = p2p[is_send].merge(p2p[~is_send][[*on, "duration_ns"]], on=on, suffixes=("_s", "_r"))
+    pairs = pair_transfers(p2p, is_send, ["duration_ns"])
     if pairs.empty:
         return none
     # the side that arrived later waited least: its duration is closest to the transfer itself

@@ -155,7 +155,7 @@ def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: 
         dist.all_reduce(torch.ones(1), group=g)
         dist.barrier()
         dist.destroy_process_group(g)
-    del g
+        del g
 
     groups = [dist.new_group([0, 1]) for _ in range(threads)]
     start = threading.Barrier(threads + 1)
