@@ -182,7 +182,7 @@ class Analysis:
         if verdict == SLOW:
             worst = self.slow.stragglers[0]
             return (f"slow: rank {worst['rank']} is a straggler, {worst['late_ms_median']:.2f} ms late (median) "
-                    f"and last to arrive in {worst['votes']} of {worst['collectives']} ops"
+                    f"and held the others up in {worst['votes']} of {worst['collectives']} ops"
                     + (f" on {worst['channels'][0]}" if worst.get("channels") else "")
                     + (f"; the whole {worst['scope']} is slow" if worst.get("scope", "rank") != "rank" else ""))
         if verdict == HEALTHY:

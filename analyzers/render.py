@@ -53,7 +53,7 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
             lines.append(f"  ... {len(report['mismatches']) - MAX_LIST} more (--format json lists all)")
     if report.get("stragglers"):
         lines += ["", "stragglers (most suspect first):"]
-        lines += [f"  rank {s['rank']}: {s['late_ms_median']:.2f} ms late (median), last in {s['votes']} of "
+        lines += [f"  rank {s['rank']}: {s['late_ms_median']:.2f} ms late (median), held the others up in {s['votes']} of "
                   f"{s['collectives']} ops, score {s['score']:.1f}, on {', '.join(s.get('channels') or s['groups']) or '-'}"
                   + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else "")
                   for s in report["stragglers"]]

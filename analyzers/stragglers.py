@@ -2,9 +2,10 @@
 
 In a blocking collective the early members wait for the last one, so each member's own duration
 (completion minus enqueue, both on its own clock) already orders them: the last to arrive waits
-least. A member's lateness in one collective is the longest duration there minus its own. Ranks are
-then compared with robust statistics over many collectives (median lateness, a MAD-based score, and
-how often each was the last), so one hiccup does not make a straggler and a persistent 5% does.
+least. A member's lateness in one collective is the longest duration there minus its own, and the
+part of it its own compute explains is its own lateness. Ranks are then compared with robust
+statistics over many collectives (median own lateness, a MAD-based score, and how often each held
+the others up the most), so one hiccup does not make a straggler and a persistent 5% does.
 Clocks are only used to report each rank's offset, estimated from the collectives themselves:
 members leave a blocking collective at almost the same instant.
 """
@@ -20,11 +21,14 @@ import pandas as pd
 from .columns import first_rows, group_ids, ids_within_ranks, pack_keys, pair_transfers
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
-MIN_VOTE_SHARE = 0.6  # ... and be the last to arrive in at least this share of its collectives
+MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives
 MIN_LATE_MS = 0.5  # ... by at least this much (median), so scheduler jitter never qualifies
 MIN_INSTANCES = 5  # fewer complete collectives than this: no verdict on speed
 SLOW_LINK_RATIO = 2.0
-MIN_COMPUTE_NS = 100_000  # a gap between two blocking ops shorter than this is no compute, only overhead
+# A gap between two blocking ops shorter than this is overhead, not compute: it could never make a
+# rank late enough to count, and as an instance's shortest gap, scheduler noise of a loaded host
+# (0.1-0.3 ms between a send and the next op) would credit every other member with its whole compute.
+MIN_COMPUTE_NS = int(MIN_LATE_MS * 1e6)
 
 
 @dataclass
@@ -281,12 +285,15 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
 
     A channel is one collective group or one direction to one peer: a slow pipeline stage is late
     on the sends that follow its compute and never on its receives, so taking the median over all
-    of its ops would hide it. A vote is an instance where the rank arrived last and its own work
-    explains most of the wait; lateness counts only in votes, so being held up by others (the last
-    pipeline stage draining into a global all_reduce) is never the rank's own.
+    of its ops would hide it. A vote is an instance where the rank has the most own lateness and
+    its own work explains at least a quarter of its wait; lateness counts only in votes, so being
+    held up by others (the last pipeline stage draining into a global all_reduce) is never the
+    rank's own. Not "arrived last": on a busy host members leave a collective up to milliseconds
+    apart, which reorders arrivals at the next one, but not the extra work each did in between.
     """
     late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
-    vote = lateness["last"].to_numpy() & (own >= 0.25 * late) & (late > 0)
+    most = own == _per_id(np.maximum, lateness["instance"].to_numpy(), own)  # no member's own work was longer
+    vote = most & (own > 0) & (own >= 0.25 * late)
     rank, channel = lateness["rank"].to_numpy(), lateness["channel"].cat.codes.to_numpy()
     key = ids_within_ranks(rank, channel)  # per (rank, channel)
     first = first_rows(key)
@@ -303,14 +310,17 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
     if per_channel.empty:
         return pd.DataFrame(columns=["late_ms_median", "votes", "n", "vote_share", "score", "channels"])
     per_channel["vote_share"] = per_channel["votes"] / per_channel["n"]
-    worst = per_channel.sort_values(["rank", "late_ns", "vote_share"], ascending=[True, False, False])
+    per_channel["qualifies"] = (per_channel["late_ns"] / 1e6 >= MIN_LATE_MS) & (per_channel["vote_share"] >= MIN_VOTE_SHARE)
+    # the worst channel that qualifies stands for the rank (else its worst): a slow stage late on
+    # three channels must not be judged by the one where noise left it a vote short
+    worst = per_channel.sort_values(["rank", "qualifies", "late_ns", "vote_share"], ascending=[True, False, False, False])
     per = worst.groupby("rank").head(1).set_index("rank")
     per["late_ms_median"] = per["late_ns"] / 1e6
     center = float(per["late_ms_median"].median())
     mad = float((per["late_ms_median"] - center).abs().median()) * 1.4826
     spread = max(mad, 0.1)  # ms: a floor so near-identical ranks do not divide by ~0
     per["score"] = (per["late_ms_median"] - center) / spread
-    slow_channels = per_channel[(per_channel["late_ns"] / 1e6 >= MIN_LATE_MS) & (per_channel["vote_share"] >= MIN_VOTE_SHARE)]
+    slow_channels = per_channel[per_channel["qualifies"]]
     slow_channels = slow_channels.sort_values("late_ns", ascending=False)  # worst channel first
     per["channels"] = slow_channels.assign(channel=slow_channels["channel"].astype(str)).groupby(
         "rank", sort=False)["channel"].agg(list)

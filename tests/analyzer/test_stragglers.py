@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import analyzers
-from analyzers.stragglers import find_slow, p2p_links
+from analyzers.stragglers import find_slow, p2p_links, rank_scores
 from fixtures.run import GOLDEN
 
 
@@ -91,23 +92,30 @@ def test_slow_link_matrix() -> None:
 
 
 def _pipeline(slow_stage: int | None, stages: int = 4, micro: int = 4, steps: int = 12,
-              compute_ms: float = 4.0, slow_pct: float = 30.0) -> pd.DataFrame:
+              compute_ms: float = 4.0, slow_pct: float = 30.0, overhead_ms: float = 0.0) -> pd.DataFrame:
     """A simulated pipeline (blocking send/recv, forward then backward, a global all_reduce per step).
 
     Each stage runs on its own clock (offset by seconds), computes, and waits for its peers exactly
-    as blocking transfers make it: a simple discrete-event model of the real scenario.
+    as blocking transfers make it: a simple discrete-event model of the real scenario. With
+    `overhead_ms`, every op starts up to that much after the previous one ended (a loaded host).
     """
     ms = 1_000_000
     clock_skew = {r: r * 3_000 * ms for r in range(stages)}
     now = [0] * stages  # true time each stage is free
     rows: list[dict[str, object]] = []
     seqs: dict[tuple[int, int], int] = {}
+    rng = np.random.default_rng(7)
 
     def cost(r: int) -> int:
         return int(compute_ms * ms * (1 + slow_pct / 100 if r == slow_stage else 1))
 
+    def overhead() -> int:
+        return int(rng.uniform(0, overhead_ms) * ms)
+
     def transfer(src: int, dst: int) -> None:
         seq = seqs[(src, dst)] = seqs.get((src, dst), 0) + 1
+        now[src] += overhead()
+        now[dst] += overhead()
         done = max(now[src], now[dst]) + ms // 10
         for rank, op, peer in ((src, "send", dst), (dst, "recv", src)):
             rows.append({"rank": rank, "group": "0", "seq": seq, "kind": "p2p", "op": op, "peer": peer,
@@ -125,6 +133,7 @@ def _pipeline(slow_stage: int | None, stages: int = 4, micro: int = 4, steps: in
                     if 0 <= nxt < stages:
                         transfer(r, nxt)
         coll += 1
+        now = [t + overhead() for t in now]
         done = max(now) + ms // 10
         for r in range(stages):
             rows.append({"rank": r, "group": "0", "seq": coll, "kind": "coll", "op": "all_reduce", "peer": -1,
@@ -142,6 +151,43 @@ def test_slow_pipeline_stage_is_named_not_the_stages_it_holds_up() -> None:
 
 def test_balanced_pipeline_has_no_straggler() -> None:
     assert find_slow(_pipeline(slow_stage=None), {"0": 4}, {}).stragglers == []
+
+
+def test_scheduling_overhead_between_ops_is_not_compute() -> None:
+    """0.1-0.4 ms between a send and the next op (a loaded host) must not count as a compute gap:
+    as an instance's shortest gap it would make stage 0 look slow on the global all_reduce."""
+    for slow_stage in (2, None):
+        found = find_slow(_pipeline(slow_stage=slow_stage, overhead_ms=0.4), {"0": 4}, {}).stragglers
+        assert [s["rank"] for s in found] == ([] if slow_stage is None else [slow_stage]), found
+
+
+def _noisy_exits(slow_rank: int, steps: int = 60, world: int = 4, step_ms: float = 20.0,
+                 extra_ms: float = 1.0, exit_skew_ms: float = 3.0) -> pd.DataFrame:
+    """One all_reduce per step; members leave each one up to `exit_skew_ms` apart (a busy host),
+    so who arrives last at the next one is mostly chance, while `slow_rank` computes longer."""
+    ms = 1_000_000
+    rng = np.random.default_rng(3)
+    free = np.zeros(world, dtype=np.int64)
+    rows = []
+    for seq in range(1, steps + 1):
+        enqueue = free + int(step_ms * ms) + np.where(np.arange(world) == slow_rank, int(extra_ms * ms), 0)
+        done = int(enqueue.max()) + ms // 10
+        free = done + (rng.uniform(0, exit_skew_ms, world) * ms).astype(np.int64)
+        for r in range(world):
+            rows.append({"rank": r, "group": "0", "seq": seq, "kind": "coll", "op": "all_reduce",
+                         "state": "completed", "is_async": False, "t_enqueue_ns": int(enqueue[r]),
+                         "t_complete_ns": int(free[r])})
+    return pd.DataFrame(rows)
+
+
+def test_straggler_is_found_when_exit_skew_reshuffles_arrivals() -> None:
+    entries = _noisy_exits(slow_rank=3)
+    result = find_slow(entries, {"0": 4}, {})
+    late = result.lateness
+    assert late[late["rank"] == 3]["last"].mean() < 0.6  # arriving last alone would not tell
+    assert [s["rank"] for s in result.stragglers] == [3], result.stragglers
+    assert 0.5 <= result.stragglers[0]["late_ms_median"] <= 1.0
+    assert find_slow(_noisy_exits(slow_rank=-1), {"0": 4}, {}).stragglers == []
 
 
 def _tp_dp(slow: set[int], steps: int = 30) -> tuple[pd.DataFrame, dict[str, list[int]]]:
@@ -260,3 +306,20 @@ def test_ids_within_ranks_equal_the_one_hash_numbering(data) -> None:  # noqa: A
     other = np.asarray(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)))
     pieces, sort = data.draw(st.integers(1, 20)), data.draw(st.booleans())
     np.testing.assert_array_equal(ids_within_ranks(rank, other, sort, pieces), group_ids([rank, other], sort))
+
+
+def test_a_qualifying_channel_stands_for_the_rank_over_a_worse_one_short_of_votes() -> None:
+    """Rank 2 is 1 ms late in 14 of 20 ops on one channel and 2 ms late in 11 of 20 on another:
+    the first qualifies (70% of votes), the second does not (55%); the rank is judged by the first."""
+    rows = []
+    for instance in range(40):
+        channel, votes, own = ("a", 14, 1e6) if instance < 20 else ("b", 11, 2e6)
+        for rank in range(4):
+            vote = rank == 2 and instance % 20 < votes
+            rows.append({"rank": rank, "channel": channel, "instance": instance, "last": vote,
+                         "late_ns": own if vote else 0.0, "own_late_ns": own if vote else 0.0})
+    lateness = pd.DataFrame(rows).astype({"channel": "category"})
+    per = rank_scores(lateness)
+    assert per.loc[2, "channel"] == "a" and per.loc[2, "late_ms_median"] == 1.0
+    assert per.loc[2, "vote_share"] == 0.7 and per.loc[2, "channels"] == ["a"]
+    assert per.loc[2, "score"] >= 3.5

@@ -143,7 +143,7 @@ def test_store_host_death_every_survivor_dumps_on_its_own_timeout(tmp_path: Path
 
 
 def test_threads_hundreds_of_groups_and_reused_group_names(tmp_path: Path) -> None:
-    threads, per_thread, many, cycles = 4, 150, 300, 3  # few cycles: see workers.threads_and_groups
+    threads, per_thread, many, cycles = 4, 150, 300, 20
     result = str(tmp_path / "result")
     run_ranks(workers.threads_and_groups, 2, str(tmp_path), result, threads, per_thread, many, cycles,
               timeout_s=180)

@@ -137,6 +137,23 @@ def store_host_dies(rank: int, world_size: int, port: int, out: str, result: str
     dist.recv(torch.zeros(2), src=other, group=pair)  # both receive: a deadlock
 
 
+def forget_gloo_addresses(group_name: str) -> None:
+    """Delete a destroyed group's gloo addresses ("<name>//cpu//0/<rank>") from the store.
+
+    PyTorch leaves them there, and a group re-created under the same name can read its peer's
+    stale address before the peer writes the new one: gloo then connects to an old port that
+    another socket may hold by now ("Connection reset by peer", then a hang). Without the recorder
+    this broke 2-6 of 10 runs of 40 reuse cycles on 2 loaded cores.
+    """
+    dist.barrier()
+    if dist.get_rank() == 0:
+        store = dist.distributed_c10d._get_default_store()
+        for key in store.list_keys():
+            if key.startswith(f"{group_name}/"):
+                store.delete_key(key)
+    dist.barrier()
+
+
 def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: str,
                        threads: int, per_thread: int, many: int, cycles: int) -> None:
     """Collectives from several threads at once (one group each), thousands of groups, and groups
@@ -146,16 +163,16 @@ def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: 
     init_rank(rank, world_size, port)
     from flightrec import control
 
-    # Same ranks, hashed name: PyTorch reuses the name every cycle. Few cycles, first: re-created
-    # names make gloo itself (no recorder loaded, lazy init) fail the new group's first connection
-    # now and then ("Connection reset by peer"; 2-6 of 10 runs of 40 cycles on 2 loaded cores).
+    # Same ranks, hashed name: PyTorch reuses the name every cycle.
     for _ in range(cycles):
         g = dist.new_group([0, 1], use_local_synchronization=True)
         dist.all_reduce(torch.ones(1), group=g)
         dist.all_reduce(torch.ones(1), group=g)
         dist.barrier()
+        name = g.group_name
         dist.destroy_process_group(g)
         del g
+        forget_gloo_addresses(name)
 
     groups = [dist.new_group([0, 1]) for _ in range(threads)]
     start = threading.Barrier(threads + 1)
