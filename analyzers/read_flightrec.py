@@ -1,10 +1,11 @@
-"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 3).
+"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 4).
 
 Why: the dump is already column-oriented, so it becomes a DataFrame without a per-entry Python loop;
 this module only validates the top level and turns lists (shapes, dtypes) into comparable text.
 Schema 2 stores text columns dictionary-encoded, so that text is made once per distinct value and
 the codes go straight into numpy (about 5x less work per file than schema 1's lists of values);
-schema 3 stores each distinct op once in `templates`, which halves it again.
+schema 3 stores each distinct op once in `templates`, which halves it again; schema 4 packs the
+integer columns into base64, so their numbers are never Python ints at all.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from .columns import decode_schema2, dtype_text, expand_templates, finish_columns, text_column
+from .columns import decode_schema2, dtype_text, expand_templates, finish_columns, text_column, unpack
 from .constants import FMT_FLIGHTREC, MAX_RANKS, SUPPORTED_FLIGHTREC_SCHEMAS, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 from .read_torch_fr import parse_pg_status
 
 FORMAT_TAG = "flightrec-dump"
 REQUIRED_COLUMNS = ("id", "group", "seq", "kind", "op", "state")
+PACKED_ENCODING = "delta"  # flightrec/packed.py: the recorder's writer (the analyzer does not import the recorder)
 META_FIELDS = (
     "world_size",
     "local_rank",
@@ -64,10 +66,14 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
     for what, value in (("rank", rank), ("world_size", world)):
         if isinstance(value, int) and value >= MAX_RANKS:
             raise DumpError(f"implausible {what} {str(value)[:24]} (more than {MAX_RANKS} ranks)")
-    cols = _table(obj, "entries", version)
-    templates = _table(obj, "templates", version) if version >= 3 else {}
+    try:
+        cols = _table(obj, "entries", version)
+        templates = _table(obj, "templates", version) if version >= 3 else {}
+    except ValueError as exc:
+        raise DumpError(f"bad entries: {exc}") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in cols and c not in templates]
-    n = len(cols.get("id") or [])
+    ids = cols.get("id")
+    n = 0 if ids is None else len(ids)
     if missing and n:
         raise DumpError(f"entries lack column(s) {', '.join(missing)}")
     try:
@@ -102,19 +108,36 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
 
 
 def _table(obj: dict[str, Any], key: str, version: int) -> dict[str, Any]:
-    """`entries` or `templates`: an object of columns, each an array (or, from schema 2, coded)."""
+    """`entries` or `templates`: an object of columns, each an array (or, from schema 2, coded; from
+    schema 4, an integer array or codes may be packed, and are unpacked here)."""
     cols = obj.get(key)
     if not isinstance(cols, dict):
         raise DumpError(f"`{key}` is not an object of columns")
-    not_lists = [str(k) for k, v in cols.items() if not isinstance(v, list) and not (version >= 2 and _is_coded(v))]
+    packed = version >= 4
+    not_lists = [str(k) for k, v in cols.items()
+                 if not isinstance(v, list) and not (version >= 2 and _is_coded(v, packed)) and not (packed and _is_packed(v))]
     if not_lists:
         what = "arrays or {values, codes} objects" if version >= 2 else "arrays"
+        what = "arrays, packed arrays or {values, codes} objects" if packed else what
         raise DumpError(f"{key} column(s) {', '.join(not_lists[:5])[:120]} are not {what}")
-    return cols
+    if not packed:
+        return cols
+    out = dict(cols)
+    for name, value in cols.items():
+        if _is_packed(value):
+            out[name] = unpack(value, str(name))
+        elif isinstance(value, dict) and _is_packed(value["codes"]):
+            out[name] = {**value, "codes": unpack(value["codes"], str(name))}
+    return out
 
 
-def _is_coded(value: Any) -> bool:
-    return isinstance(value, dict) and isinstance(value.get("values"), list) and isinstance(value.get("codes"), list)
+def _is_packed(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("encoding") == PACKED_ENCODING
+
+
+def _is_coded(value: Any, packed: bool = False) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("values"), list)
+            and (isinstance(value.get("codes"), list) or (packed and _is_packed(value.get("codes")))))
 
 
 def _normalise(cols: dict[str, Any]) -> dict[str, Any]:

@@ -67,6 +67,7 @@ import torch, torch.distributed as dist
 import flightrec
 from flightrec.control import current
 from flightrec import dumper
+from flightrec.packed import plain
 out = {out!r}
 assert flightrec.enable(dir=out, timeout_s=3600, buffer=2000)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -87,7 +88,7 @@ for _ in range(7):
     build.append((b - a) * 1e3)
     times.append((c - a) * 1e3)
     sizes.append(os.path.getsize(path))
-entries = len(payload["entries"]["id"])
+entries = len(plain(payload["entries"]["id"]))
 flightrec.disable()
 dist.destroy_process_group()
 print(json.dumps({{"entries": entries, "ms": statistics.median(times), "build_ms": statistics.median(build),

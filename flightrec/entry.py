@@ -13,6 +13,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
+from .packed import pack
 from .stacks import site_frame
 
 STATES = ("enqueued", "started", "completed", "failed", "unknown")
@@ -177,9 +178,9 @@ def _template_key(e: Entry) -> tuple[Any, ...]:
             _meta_key(e.outputs), e.is_async, e.thread, _site_key(e.site), e.source)
 
 
-def _columns(entries: list[Entry], names: tuple[str, ...]) -> dict[str, Any]:
+def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False) -> dict[str, Any]:
     """Numbers as arrays, text and shape columns dictionary-encoded, optional columns left out when
-    all null or all at their default."""
+    all null or all at their default. `packed`: integer arrays and codes as base64 deltas (schema 4)."""
     columns: dict[str, Any] = {}
     for name in names:
         coded = _CODED.get(name)
@@ -187,15 +188,20 @@ def _columns(entries: list[Entry], names: tuple[str, ...]) -> dict[str, Any]:
             column = coded_column(entries, *coded)
             if name in OMITTED_WHEN_NULL and not column["values"]:
                 continue
-            columns[name] = column
+            columns[name] = {**column, "codes": pack(column["codes"])} if packed else column
             continue
         values = [_frames(e) for e in entries] if name == "stack" else [getattr(e, name) for e in entries]
         if name in OMITTED_WHEN_NULL and all(v is None for v in values):
             continue
         if name in OMITTED_AT_DEFAULT and values and values.count(OMITTED_AT_DEFAULT[name]) == len(values):
             continue
-        columns[name] = values
+        columns[name] = pack(values) if packed and _integers(values) else values
     return columns
+
+
+def _integers(values: list[Any]) -> bool:
+    """Ints and nulls only (bool is not packed: it is no number to a JSON reader)."""
+    return all(type(v) is int or v is None for v in values) and any(v is not None for v in values)
 
 
 def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -203,8 +209,9 @@ def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:
 
     Why: a 2,000-entry ring repeats a few dozen distinct ops; written once each, the per-entry part
     is six short number columns, and every reader parses about a third of what schema 2 made it parse.
+    Schema 4 packs those number columns (flightrec/packed.py): one base64 string each, not 2,000 numbers.
     """
     templates = coded_column(entries, _template_key, lambda e: e)  # the first entry of each distinct op
-    columns = _columns(entries, ENTRY_COLUMNS)
-    columns["template"] = templates["codes"]
+    columns = _columns(entries, ENTRY_COLUMNS, packed=True)
+    columns["template"] = pack(templates["codes"])
     return columns, _columns(templates["values"], TEMPLATE_COLUMNS)

@@ -16,6 +16,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from fixtures.launch import free_port, kill_tree
+from flightrec.packed import plain
 
 
 class JobFailed(AssertionError):
@@ -91,9 +92,9 @@ def columns(dump: dict[str, Any]) -> dict[str, list[Any]]:
     """The entry columns as plain lists, decoded the way docs/dump-format.md tells any reader to:
     `{"values", "codes"}` columns expanded, schema 3's `templates` taken onto each entry through
     `entries.template`, left-out columns as their default (null for most)."""
-    cols = dump["entries"]
+    cols = {k: plain(v) for k, v in dump["entries"].items()}  # schema 4: packed arrays unpacked
     n = len(cols["id"])
-    templates = dump.get("templates") or {}
+    templates = {k: plain(v) for k, v in (dump.get("templates") or {}).items()}
     which = cols.get("template", [])
     out: dict[str, list[Any]] = {}
     for name in DUMP_COLUMNS:

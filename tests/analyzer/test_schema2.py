@@ -1,5 +1,5 @@
-"""Schemas 2 (dictionary-encoded columns) and 3 (the recorder's: distinct ops once in `templates`) read
-exactly as schema 1."""
+"""Schemas 2 (dictionary-encoded columns), 3 (distinct ops once in `templates`) and 4 (the recorder's:
+integer columns packed) read exactly as schema 1."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _report(a: analyzers.Analysis) -> dict:
     return report
 
 
-@pytest.mark.parametrize("schema", [2, 3])
+@pytest.mark.parametrize("schema", [2, 3, 4])
 @pytest.mark.parametrize("name", sorted(builders.SCENARIOS))
 def test_every_scenario_reads_the_same_in_every_schema(name: str, schema: int, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,7 +33,8 @@ def test_every_scenario_reads_the_same_in_every_schema(name: str, schema: int, t
     monkeypatch.setattr(builders, "DEFAULT_SCHEMA", schema)
     folder = builders.SCENARIOS[name](tmp_path / f"v{schema}")
     some = json.loads(gzip.decompress(next(folder.glob("rank-*.json.gz")).read_bytes()))
-    assert some["schema_version"] == schema and ("templates" in some) == (schema == 3)
+    assert some["schema_version"] == schema and ("templates" in some) == (schema >= 3)
+    assert (some["entries"]["id"].get("encoding") == "delta") if schema == 4 else isinstance(some["entries"]["id"], list)
     other = _load(folder)
     pd.testing.assert_frame_equal(one.entries, other.entries)
     assert _report(one) == _report(other)
@@ -155,3 +156,66 @@ def test_bad_member_ranges_are_named(tmp_path: Path, ranks: dict) -> None:
     dump["groups"][0]["ranks"] = ranks
     (folder / "rank-00001.json.gz").write_bytes(gzip.compress(json.dumps(dump).encode()))
     assert "member" in _reason(folder)
+
+
+def _v4_folder(tmp_path: Path, damage) -> Path:  # noqa: ANN001
+    job = Job(2, schema=4)
+    for _ in range(3):
+        job.collective("0", "all_reduce")
+    folder = job.write(tmp_path / "d")
+    path = folder / "rank-00001.json.gz"
+    dump = json.loads(gzip.decompress(path.read_bytes()))
+    damage(dump["entries"])
+    path.write_bytes(gzip.compress(json.dumps(dump).encode()))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda cols: cols["seq"].__setitem__("dtype", "<f8"),
+         "bad entries: column 'seq' is packed with dtype '<f8' (expected one of <i4, <i8) or without base64 data"),
+        (lambda cols: cols["seq"].__setitem__("data", "not base64!"), "bad entries: column 'seq' has packed data that is not base64"),
+        (lambda cols: cols["seq"].__setitem__("data", "AQAA"), "bad entries: column 'seq' has 3 packed bytes, not a whole number of 4-byte values"),
+        (lambda cols: cols["seq"].__setitem__("nulls", [99]), "bad entries: column 'seq' lists nulls that are not positions among its 3 values"),
+        (lambda cols: cols["seq"].__setitem__("data", "AQAAAAEAAAA="), "bad entries: entry columns have different lengths [2, 3]"),
+        (lambda cols: cols["state"]["codes"].__setitem__("data", "BwAAAAAAAAAAAAAA"), "bad entries: column 'state' has codes outside its 1 values"),
+        (lambda cols: cols.__setitem__("seq", {"encoding": "zstd", "data": ""}),
+         "entries column(s) seq are not arrays, packed arrays or {values, codes} objects"),
+    ],
+)
+def test_damaged_packed_columns_name_the_column(tmp_path: Path, damage, expected: str) -> None:  # noqa: ANN001
+    assert _reason(_v4_folder(tmp_path, damage)).startswith(expected), _reason(_v4_folder(tmp_path / "again", damage))
+
+
+def test_packed_columns_round_trip_nulls_and_64_bit_values() -> None:
+    from analyzers.columns import unpack
+    from flightrec.packed import pack, plain
+
+    for values in ([], [7], [None, 5, None, 2**40, -3, None], [1_700_000_000_000_000_000, None, 1_700_000_000_000_000_001]):
+        packed = pack(values)
+        assert plain(packed) == values
+        decoded = unpack(packed, "x") if values else []
+        assert [None if pd.isna(v) else int(v) for v in decoded] == values
+    assert pack([2**63 - 1, -(2**63)]) == [2**63 - 1, -(2**63)]  # a difference past 64 bits: left plain
+
+
+def test_the_documented_plain_reader_reads_what_the_recorder_writes(tmp_path: Path) -> None:
+    """docs/dump-format.md's standard-library snippet, run as written on a schema 4 dump."""
+    import re
+
+    from tests.helpers import columns
+
+    text = (Path(__file__).parents[2] / "docs" / "dump-format.md").read_text()
+    snippet = re.search(r"```python\n(import base64.*?)```", text, re.S)
+    assert snippet, "the plain-reader snippet is gone from docs/dump-format.md"
+    job = Job(3, schema=4)
+    for _ in range(4):
+        job.collective("0", "all_reduce")
+    job.send("0", 0, 1)
+    folder = job.write(tmp_path / "d")
+    dump = json.loads(gzip.decompress((folder / "rank-00001.json.gz").read_bytes()))
+    namespace = {"dump": dump, "pandas": pd}
+    exec(snippet.group(1), namespace)  # noqa: S102 - our own documentation
+    expected = columns(dump)
+    assert {k: v for k, v in namespace["cols"].items() if k != "template"} == {k: expected[k] for k in namespace["cols"] if k != "template"}

@@ -18,6 +18,7 @@ import pytest
 
 import analyzers
 from fixtures import synth
+from flightrec.packed import pack, plain
 from tests.helpers import columns
 
 RANKS = 64  # TP 8 x PP 4 x DP 2: every group kind, p2p included
@@ -53,13 +54,16 @@ def test_layout_and_dump_shape(tmp_path: Path) -> None:
     files = sorted(folder.glob("rank-*.json.gz"))
     assert len(files) == 16
     dump = json.loads(gzip.decompress(files[5].read_bytes()))
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 3
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 4
     lengths = {len(v) for v in columns(dump).values()}
     assert lengths == {120}
     assert set(dump["entries"]) >= {"id", "seq", "state", "t_enqueue_ns", "template"}
     assert set(dump["templates"]) >= {"group", "op", "in_shapes", "site"}
     assert isinstance(dump["templates"]["op"], dict) and len(dump["templates"]["op"]["values"]) < 10  # coded
-    assert len(dump["templates"]["op"]["codes"]) < 30 and max(dump["entries"]["template"]) < 30  # a few distinct ops
+    assert len(dump["templates"]["op"]["codes"]) < 30 and max(plain(dump["entries"]["template"])) < 30  # a few distinct ops
+    # packed exactly as the recorder packs (flightrec/packed.py), nulls included
+    done = plain(dump["entries"]["t_complete_ns"])
+    assert dump["entries"]["t_complete_ns"] == pack(done) and dump["entries"]["id"] == pack(plain(dump["entries"]["id"]))
     assert dump["dropped"] == dump["recorded"] - 120 > 0
     names = {g["desc"][:2] for g in dump["groups"]}
     assert names == {"de", "tp", "pp", "dp"}
@@ -80,3 +84,15 @@ def test_torch_format_is_read_by_pytorchs_analyzer(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.stat().st_size > 0
+
+
+def test_numpy_packing_is_the_recorders_byte_for_byte() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 50):
+        for big in (False, True):
+            values = rng.integers(-(2**40) if big else -1000, 2**40 if big else 1000, n)
+            nulls = rng.random(n) < 0.3
+            plain_list = [None if null else int(v) for v, null in zip(values.tolist(), nulls.tolist(), strict=True)]
+            assert json.loads(synth._packed(values, nulls)) == pack(plain_list)

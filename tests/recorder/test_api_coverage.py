@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flightrec import fastpath
+from flightrec.packed import is_packed, plain
 from tests.helpers import entries, load_dump, run_ranks
 from tests.recorder import workers
 
@@ -137,7 +138,7 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     # re-read one raw dump for the header fields
     out = next(tmp_path_factory.getbasetemp().glob("coverage-*"))
     dump = load_dump(out, 2)
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 3
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 4
     assert dump["rank"] == 2 and dump["world_size"] == WORLD and dump["backends"] == ["gloo"]
     assert dump["reason"] == "api:coverage"
     groups = {g["name"]: g for g in dump["groups"]}
@@ -146,7 +147,10 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     assert sub and sub[0]["rank_in_group"] == 1
     assert dump["clock"]["wall_ns"] > dump["clock"]["mono_ns"] > 0
     assert any(t["is_main"] for t in dump["threads"])
-    raw, templates = dump["entries"], dump["templates"]
+    # schema 4: every integer column of `entries` (and the codes of its coded columns) is packed
+    assert all(is_packed(v) or is_packed(v.get("codes")) for v in dump["entries"].values())
+    raw = {k: plain(v) for k, v in dump["entries"].items()}
+    templates = dump["templates"]
     for table, rows in ((raw, len(raw["id"])), (templates, max(raw["template"]) + 1)):
         counts = Counter(len(v["codes"] if isinstance(v, dict) else v) for v in table.values())
         assert counts.keys() == {rows}  # every column has one value (or code) per entry / per template

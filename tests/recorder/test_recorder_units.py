@@ -202,17 +202,23 @@ def test_full_stacks_when_asked(tmp_path: Path) -> None:
 
 def test_templates_hold_each_distinct_op_once_and_defaults_are_left_out() -> None:
     from flightrec.entry import Entry, to_tables
+    from flightrec.packed import is_packed, plain
 
     colls = [Entry(i, "0", "coll", "all_reduce", "all_reduce") for i in range(3)]
     for e in colls:
         e.state, e.t_enqueue_ns, e.t_complete_ns = "completed", 10 + e.id, 20 + e.id
-    cols, templates = to_tables(colls)
+    packed, templates = to_tables(colls)
+    assert all(is_packed(v) or is_packed(v["codes"]) for v in packed.values())  # schema 4: integers packed
+    cols = {k: plain(v) for k, v in packed.items()}
     assert cols["template"] == [0, 0, 0] and templates["op"] == {"values": ["all_reduce"], "codes": [0]}
     assert not {"peer", "root", "is_async"} & set(templates) and not {"unit", "error", "stack"} & set(cols)
     assert cols["id"] == [0, 1, 2] and cols["t_complete_ns"] == [20, 21, 22]
+    assert cols["state"] == {"values": ["completed"], "codes": [0, 0, 0]}
     colls[1].peer, colls[2].is_async, colls[0].unit = 3, True, 0
-    cols, templates = to_tables(colls)
-    assert cols["template"] == [0, 1, 2] and cols["unit"] == [0, -1, -1]
+    colls[2].t_complete_ns = None
+    packed, templates = to_tables(colls)
+    cols = {k: plain(v) for k, v in packed.items()}
+    assert cols["template"] == [0, 1, 2] and cols["unit"] == [0, -1, -1] and cols["t_complete_ns"] == [20, 21, None]
     assert templates["peer"] == [-1, 3, -1] and templates["is_async"] == [False, False, True] and "root" not in templates
 
 
