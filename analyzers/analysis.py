@@ -117,7 +117,9 @@ class Analysis:
         sizes = dict(zip(self.groups["group"].astype(str), self.groups["size"].astype(int), strict=True))
         wall = {r: int(d.meta["wall_offset_ns"]) for r, d in self.dumps.items() if "wall_offset_ns" in d.meta}
         members = {str(g): list(r) for g, r in self.members.items()}
-        return find_slow(self.entries, sizes, wall, members)
+        result = find_slow(self.entries, sizes, wall, members)
+        release_free_memory()
+        return result
 
     @property
     def verdict(self) -> str:

@@ -5,7 +5,7 @@ this module only validates the top level and turns lists (shapes, dtypes) into c
 Schema 2 stores text columns dictionary-encoded, so that text is made once per distinct value and
 the codes go straight into numpy (about 5x less work per file than schema 1's lists of values);
 schema 3 stores each distinct op once in `templates`, which halves it again; schema 4 packs the
-integer columns into base64, so their numbers are never Python ints at all.
+integer columns into hex strings, so their numbers are never Python ints at all.
 """
 
 from __future__ import annotations

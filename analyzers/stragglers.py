@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .columns import first_rows, group_ids, ids_within_ranks, pack_keys, pair_transfers
+from .memory import release_free_memory
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives
@@ -36,9 +37,17 @@ class SlowResult:
     lateness: pd.DataFrame  # one row per member of each complete blocking collective or transfer
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     slow_links: list[dict[str, Any]] = field(default_factory=list)
-    link_matrix: pd.DataFrame = field(default_factory=pd.DataFrame)
+    links: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (src, dst) with transfers
     clock_offsets_ms: dict[int, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def link_matrix(self) -> pd.DataFrame:
+        """Median transfer time (ms), sender rows × receiver columns. Built when asked: at 16k ranks
+        in a pipeline it is ~12k × 12k cells (over a gigabyte), nearly all empty."""
+        if self.links.empty:
+            return pd.DataFrame()
+        return self.links.pivot(index="src", columns="dst", values="transfer_ms")
 
 
 def _ints(series: pd.Series, missing: int = -1) -> np.ndarray:
@@ -390,9 +399,11 @@ def _median_of_the_others(values: np.ndarray) -> np.ndarray:
 def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: dict[int, int],
               members: dict[str, list[int]] | None = None) -> SlowResult:
     lateness = collective_lateness(entries, group_sizes)
+    release_free_memory()  # its temporaries (gigabytes at 16k ranks) were freed into glibc's heap
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
+    release_free_memory()
     links = p2p_links(entries)
-    result.link_matrix = links.pivot(index="src", columns="dst", values="transfer_ms") if len(links) else pd.DataFrame()
+    result.links = links
     if len(links) >= 2:
         ratio = links["transfer_ms"].to_numpy() / np.maximum(_median_of_the_others(links["transfer_ms"].to_numpy()), 1e-3)
         slow = links[(ratio >= SLOW_LINK_RATIO) & (links["transfer_ms"].to_numpy() >= MIN_LATE_MS)]

@@ -180,7 +180,7 @@ def _template_key(e: Entry) -> tuple[Any, ...]:
 
 def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False) -> dict[str, Any]:
     """Numbers as arrays, text and shape columns dictionary-encoded, optional columns left out when
-    all null or all at their default. `packed`: integer arrays and codes as base64 deltas (schema 4)."""
+    all null or all at their default. `packed`: integer arrays and codes as hex deltas (schema 4)."""
     columns: dict[str, Any] = {}
     for name in names:
         coded = _CODED.get(name)
@@ -209,7 +209,7 @@ def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:
 
     Why: a 2,000-entry ring repeats a few dozen distinct ops; written once each, the per-entry part
     is six short number columns, and every reader parses about a third of what schema 2 made it parse.
-    Schema 4 packs those number columns (flightrec/packed.py): one base64 string each, not 2,000 numbers.
+    Schema 4 packs those number columns (flightrec/packed.py): one hex string each, not 2,000 numbers.
     """
     templates = coded_column(entries, _template_key, lambda e: e)  # the first entry of each distinct op
     columns = _columns(entries, ENTRY_COLUMNS, packed=True)

@@ -1,10 +1,11 @@
-"""Integer columns of a dump packed as base64 deltas (schema 4, docs/dump-format.md).
+"""Integer columns of a dump packed as hex deltas (schema 4, docs/dump-format.md).
 
 Why: a 2,000-entry dump is mostly integers (ids, sequence numbers, nanosecond timestamps). As JSON
 numbers every reader must parse each one into a Python int and then copy it into an array: at
-16,384 ranks that was most of the analyzer's reading time. Packed, a column is one base64 string
+16,384 ranks that was most of the analyzer's reading time. Packed, a column is one hex string
 that a reader turns into an array in one call, and the differences between neighbours (ids step by
-1, timestamps by microseconds) compress better than the numbers themselves.
+1, timestamps by microseconds) compress better than the numbers themselves. Hex, not base64:
+Python decodes it ~2.5x faster and, gzipped, it is no bigger (measured on the 16k synthetic dumps).
 
 Standard library only: the recorder packs inside training processes, and `unpack` lets any script
 read a dump without numpy.
@@ -12,7 +13,6 @@ read a dump without numpy.
 
 from __future__ import annotations
 
-import base64
 import sys
 from array import array
 from itertools import accumulate
@@ -24,7 +24,7 @@ _TYPECODES = {"<i4": "i", "<i8": "q"}  # array typecodes of exactly 4 and 8 byte
 
 
 def pack(values: list[int | None]) -> dict[str, Any] | list[int | None]:
-    """`{"encoding": "delta", "dtype": "<i4"|"<i8", "data": base64, "nulls": [positions]}`.
+    """`{"encoding": "delta", "dtype": "<i4"|"<i8", "data": hex, "nulls": [positions]}`.
 
     data holds each value minus the one before it (the first minus 0), little-endian; a null is
     stored as a difference of 0 and listed in `nulls` (left out when there are none). Values whose
@@ -47,7 +47,7 @@ def pack(values: list[int | None]) -> dict[str, Any] | list[int | None]:
         return values
     if sys.byteorder == "big":
         data.byteswap()
-    column: dict[str, Any] = {"encoding": ENCODING, "dtype": dtype, "data": base64.b64encode(data.tobytes()).decode("ascii")}
+    column: dict[str, Any] = {"encoding": ENCODING, "dtype": dtype, "data": data.tobytes().hex()}
     if nulls:
         column["nulls"] = nulls
     return column
@@ -60,7 +60,7 @@ def is_packed(column: Any) -> bool:
 def unpack(column: dict[str, Any]) -> list[int | None]:
     """The plain list back (standard library; the analyzer decodes with numpy instead)."""
     data = array(_TYPECODES[column["dtype"]])
-    data.frombytes(base64.b64decode(column["data"]))
+    data.frombytes(bytes.fromhex(column["data"]))
     if sys.byteorder == "big":
         data.byteswap()
     values: list[int | None] = list(accumulate(data))

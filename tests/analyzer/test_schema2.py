@@ -174,12 +174,12 @@ def _v4_folder(tmp_path: Path, damage) -> Path:  # noqa: ANN001
     ("damage", "expected"),
     [
         (lambda cols: cols["seq"].__setitem__("dtype", "<f8"),
-         "bad entries: column 'seq' is packed with dtype '<f8' (expected one of <i4, <i8) or without base64 data"),
-        (lambda cols: cols["seq"].__setitem__("data", "not base64!"), "bad entries: column 'seq' has packed data that is not base64"),
-        (lambda cols: cols["seq"].__setitem__("data", "AQAA"), "bad entries: column 'seq' has 3 packed bytes, not a whole number of 4-byte values"),
+         "bad entries: column 'seq' is packed with dtype '<f8' (expected one of <i4, <i8) or without hex data"),
+        (lambda cols: cols["seq"].__setitem__("data", "not hex!"), "bad entries: column 'seq' has packed data that is not hex"),
+        (lambda cols: cols["seq"].__setitem__("data", "010000"), "bad entries: column 'seq' has 3 packed bytes, not a whole number of 4-byte values"),
         (lambda cols: cols["seq"].__setitem__("nulls", [99]), "bad entries: column 'seq' lists nulls that are not positions among its 3 values"),
-        (lambda cols: cols["seq"].__setitem__("data", "AQAAAAEAAAA="), "bad entries: entry columns have different lengths [2, 3]"),
-        (lambda cols: cols["state"]["codes"].__setitem__("data", "BwAAAAAAAAAAAAAA"), "bad entries: column 'state' has codes outside its 1 values"),
+        (lambda cols: cols["seq"].__setitem__("data", "0100000001000000"), "bad entries: entry columns have different lengths [2, 3]"),
+        (lambda cols: cols["state"]["codes"].__setitem__("data", "070000000000000000000000"), "bad entries: column 'state' has codes outside its 1 values"),
         (lambda cols: cols.__setitem__("seq", {"encoding": "zstd", "data": ""}),
          "entries column(s) seq are not arrays, packed arrays or {values, codes} objects"),
     ],
@@ -207,7 +207,7 @@ def test_the_documented_plain_reader_reads_what_the_recorder_writes(tmp_path: Pa
     from tests.helpers import columns
 
     text = (Path(__file__).parents[2] / "docs" / "dump-format.md").read_text()
-    snippet = re.search(r"```python\n(import base64.*?)```", text, re.S)
+    snippet = re.search(r"```python\n(import itertools.*?)```", text, re.S)
     assert snippet, "the plain-reader snippet is gone from docs/dump-format.md"
     job = Job(3, schema=4)
     for _ in range(4):
