@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import groups as groups_mod
 from .causes import CauseResult, build_graph, find_causes
-from .columns import first_rows, ids_within_ranks
+from .columns import Transfers, first_rows, ids_within_ranks, pair_transfers
 from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
 from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
@@ -88,8 +88,13 @@ class Analysis:
         return pd.DataFrame(rows)
 
     @cached_property
+    def _transfers(self) -> Transfers:
+        """Sends joined to their receives, once: the payload check and the link timing both use it."""
+        return pair_transfers(self.entries)
+
+    @cached_property
     def _matched(self) -> MatchResult:
-        result = match(self.entries, self.members)
+        result = match(self.entries, self.members, self._transfers)
         release_free_memory()  # the per-position temporaries: millions of rows at scale
         return result
 
@@ -117,7 +122,7 @@ class Analysis:
         sizes = dict(zip(self.groups["group"].astype(str), self.groups["size"].astype(int), strict=True))
         wall = {r: int(d.meta["wall_offset_ns"]) for r, d in self.dumps.items() if "wall_offset_ns" in d.meta}
         members = {str(g): list(r) for g, r in self.members.items()}
-        result = find_slow(self.entries, sizes, wall, members)
+        result = find_slow(self.entries, sizes, wall, members, self._transfers)
         release_free_memory()
         return result
 

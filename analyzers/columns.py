@@ -524,15 +524,45 @@ def ids_within_ranks(rank: np.ndarray, other: np.ndarray, sort: bool = False, pi
 TRANSFER_KEY = ("group", "src", "dst", "seq")
 
 
-def pair_transfers(table: pd.DataFrame, is_send: np.ndarray, carried: Sequence[str]) -> pd.DataFrame:
-    """Each send of `table` (integer columns group, src, dst, seq) joined to its receive, which
-    brings `carried` (columns in both sides get the suffixes _s and _r). Joined on one packed int64
-    key when it fits: several times cheaper than merging on four columns."""
+@dataclass
+class Transfers:
+    """Every send of the entry table matched to its receive, as two row positions per pair.
+
+    Why one object: the payload check (matching) and the link timing (stragglers) need the same
+    join, which at 16k ranks in a pipeline is millions of rows and a second or more per join.
+    """
+
+    send: np.ndarray  # row positions in the entry table
+    recv: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.send)
+
+
+def pair_transfers(entries: pd.DataFrame) -> Transfers:
+    """Each send (kind p2p, op send, known peer and seq) joined to its receive on (group, src, dst,
+    seq): one packed int64 key when it fits, several times cheaper than merging on four columns."""
+    if "peer" not in entries.columns or entries.empty:
+        return Transfers(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    kind = pd.Categorical(entries["kind"])
+    seq, peer = entries["seq"].to_numpy(), entries["peer"].to_numpy()
+    p2p = kind.codes == (kind.categories.get_loc("p2p") if "p2p" in kind.categories else -2)
+    rows = np.flatnonzero(p2p & (seq > 0) & (peer >= 0))
+    if not len(rows):
+        return Transfers(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    op = pd.Categorical(entries["op"])
+    is_send = (op.codes == (op.categories.get_loc("send") if "send" in op.categories else -2))[rows]
+    rank, peer = entries["rank"].to_numpy()[rows], peer[rows]
+    table = pd.DataFrame({
+        "group": pd.Categorical(entries["group"]).codes[rows], "seq": seq[rows],
+        "src": np.where(is_send, rank, peer), "dst": np.where(is_send, peer, rank), "row": rows,
+    })
     packed = pack_keys([table[c].to_numpy() for c in TRANSFER_KEY])
     on = ["key"] if packed is not None else list(TRANSFER_KEY)
     if packed is not None:
-        table = table.assign(key=packed)
-    return table[is_send].merge(table.loc[~is_send, [*on, *carried]], on=on, suffixes=("_s", "_r"))
+        table = table[["row"]].assign(key=packed)
+    pairs = table[is_send].merge(table.loc[~is_send, [*on, "row"]], on=on, suffixes=("_s", "_r"))
+    return Transfers(pairs["row_s"].to_numpy(), pairs["row_r"].to_numpy())
 
 
 def first_rows(ids: np.ndarray) -> np.ndarray:

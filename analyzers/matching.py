@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import first_rows, group_ids, pack_keys, pair_transfers
+from .columns import Transfers, first_rows, group_ids, pack_keys, pair_transfers
 from .constants import (
     ALL_GATHER_OPS,
     GATHER_OPS,
@@ -75,12 +75,13 @@ class MatchResult:
     notes: list[str]
 
 
-def match(entries: pd.DataFrame, members: dict[str, tuple[int, ...]]) -> MatchResult:
-    """Compare every collective position and every matched send/recv pair."""
+def match(entries: pd.DataFrame, members: dict[str, tuple[int, ...]], transfers: Transfers | None = None) -> MatchResult:
+    """Compare every collective position and every matched send/recv pair (`transfers`: the
+    table's sends joined to their receives, when the caller has them already)."""
     notes: list[str] = []
     positions = collective_positions(entries, members)
     mismatches = _collective_mismatches(positions)
-    mismatches += _p2p_mismatches(entries)
+    mismatches += _p2p_mismatches(entries, pair_transfers(entries) if transfers is None else transfers)
     if len(mismatches) > MAX_REPORTED:
         notes.append(f"{len(mismatches)} mismatching positions; the report lists the first {MAX_REPORTED}")
     mismatches.sort(key=lambda m: (m.group, m.seq, FIELDS.index(m.field) if m.field in FIELDS else 9))
@@ -211,59 +212,59 @@ def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:
     )
 
 
-def _shared_codes(a: pd.Categorical, b: pd.Categorical) -> tuple[np.ndarray, np.ndarray, pd.Index]:
-    """Codes of two categoricals into one set of categories (-1 = missing), so they compare as ints."""
+def _shared_codes(a: pd.Categorical, b: pd.Categorical, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, pd.Index]:
+    """Codes at `rows` of two categoricals, into one set of categories (-1 = missing), so they
+    compare as ints; only the categories are remapped, the rows are gathered once."""
     cats = a.categories.append(b.categories).unique()
     remap_a = np.append(cats.get_indexer(a.categories), -1)
     remap_b = np.append(cats.get_indexer(b.categories), -1)
-    return remap_a[a.codes], remap_b[b.codes], cats
+    return remap_a[a.codes[rows]], remap_b[b.codes[rows]], cats
 
 
-def _p2p_mismatches(entries: pd.DataFrame) -> list[Mismatch]:
+def _p2p_mismatches(entries: pd.DataFrame, transfers: Transfers) -> list[Mismatch]:
     """Sends whose payload (shapes, dtypes) differs from their matching receive's.
 
-    Compared as integer codes: at scale there are millions of transfers and a handful of distinct
-    payloads, and strings are made only for the pairs that differ.
+    Compared as integer codes at the matched pairs' rows: at scale there are millions of transfers
+    and a handful of distinct payloads, and strings are made only for the pairs that differ.
     """
-    wanted = ["rank", "peer", "group", "seq", "op", "in_shapes", "out_shapes", "in_dtypes", "out_dtypes"]
-    p2p = entries.loc[(entries["kind"] == "p2p") & (entries["seq"] > 0) & (entries["peer"] >= 0), wanted]  # not all ~30 columns
-    if p2p.empty:
+    if not len(transfers):
         return []
-    is_send = (p2p["op"] == "send").to_numpy()
-    rank, peer = p2p["rank"].to_numpy(), p2p["peer"].to_numpy()
-    frame: dict[str, Any] = {
-        "group": pd.Categorical(p2p["group"]).codes,
-        "seq": p2p["seq"].to_numpy(),
-        "src": np.where(is_send, rank, peer),
-        "dst": np.where(is_send, peer, rank),
-    }
+    send, recv = transfers.send, transfers.recv
+    payload: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     labels: dict[str, pd.Index] = {}
     for name, (ins, outs) in {"shapes": ("in_shapes", "out_shapes"), "dtypes": ("in_dtypes", "out_dtypes")}.items():
-        in_code, out_code, cats = _shared_codes(pd.Categorical(p2p[ins]), pd.Categorical(p2p[outs]))
-        empty = np.flatnonzero(cats == "[]") if name == "shapes" else np.empty(0, dtype=np.int64)
-        empty_in = (in_code < 0) | np.isin(in_code, empty)
-        empty_out = (out_code < 0) | np.isin(out_code, empty)
-        # a send's payload is its input, a receive's its output (the other one when that is empty)
-        frame[name] = np.where(is_send, np.where(empty_in, out_code, in_code), np.where(empty_out, in_code, out_code))
+        a, b = pd.Categorical(entries[ins]), pd.Categorical(entries[outs])
+        sides = []
+        for rows, first in ((send, "in"), (recv, "out")):
+            in_code, out_code, cats = _shared_codes(a, b, rows)
+            empty = np.flatnonzero(cats == "[]") if name == "shapes" else np.empty(0, dtype=np.int64)
+            empty_in = (in_code < 0) | np.isin(in_code, empty)
+            empty_out = (out_code < 0) | np.isin(out_code, empty)
+            # a send's payload is its input, a receive's its output (the other one when that is empty)
+            sides.append(np.where(empty_in, out_code, in_code) if first == "in" else np.where(empty_out, in_code, out_code))
+        payload[name] = (sides[0], sides[1])
         labels[name] = cats
-    pairs = pair_transfers(pd.DataFrame(frame), is_send, list(labels))
-    groups = pd.Categorical(p2p["group"]).categories
+    group = pd.Categorical(entries["group"])
+    rank = entries["rank"].to_numpy()
+    seq = entries["seq"].to_numpy()
     out: list[Mismatch] = []
     for name in ("shapes", "dtypes"):
-        differ = pairs[pairs[f"{name}_s"].to_numpy() != pairs[f"{name}_r"].to_numpy()]
-        for row in differ.itertuples(index=False):
-            sv, rv = _label(labels[name], getattr(row, f"{name}_s")), _label(labels[name], getattr(row, f"{name}_r"))
+        sent, received = payload[name]
+        for i in np.flatnonzero(sent != received):  # only the pairs that differ
+            s_row, r_row = int(send[i]), int(recv[i])
+            sv, rv = _label(labels[name], int(sent[i])), _label(labels[name], int(received[i]))
+            src, dst = int(rank[s_row]), int(rank[r_row])
             out.append(
                 Mismatch(
-                    group=str(groups[row.group]),
-                    seq=int(row.seq),
+                    group=str(group[s_row]),
+                    seq=int(seq[s_row]),
                     field=name,
-                    ranks=sorted({int(row.src), int(row.dst)}),
-                    values={f"send {sv}": [int(row.src)], f"recv {rv}": [int(row.dst)]},
+                    ranks=sorted({src, dst}),
+                    values={f"send {sv}": [src], f"recv {rv}": [dst]},
                     expected=sv,
                     op="send/recv",
                     kind="p2p",
-                    extra={"src": int(row.src), "dst": int(row.dst)},
+                    extra={"src": src, "dst": dst},
                 )
             )
     return out

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import first_rows, group_ids, ids_within_ranks, pack_keys, pair_transfers
+from .columns import Transfers, first_rows, group_ids, ids_within_ranks, pack_keys, pair_transfers
 from .memory import release_free_memory
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
@@ -354,31 +354,26 @@ def _median_with_zeros(key: np.ndarray, values: np.ndarray, n: np.ndarray) -> np
     return (at((n - 1) // 2) + at(n // 2)) / 2
 
 
-def p2p_links(entries: pd.DataFrame) -> pd.DataFrame:
-    """Per (src, dst): median transfer time of completed, matched sends and receives (ms)."""
+def p2p_links(entries: pd.DataFrame, transfers: Transfers | None = None) -> pd.DataFrame:
+    """Per (src, dst): median transfer time of completed, matched sends and receives (ms).
+    `transfers`: the table's sends joined to their receives, when the caller has them already."""
     none = pd.DataFrame(columns=["src", "dst", "transfer_ms", "count"])
-    if "peer" not in entries.columns:
+    pairs = pair_transfers(entries) if transfers is None else transfers
+    if not len(pairs):
         return none
-    enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
-    seq = _gather(entries["seq"])
-    rows = np.flatnonzero(_is(entries["kind"], "p2p") & _is(entries["state"], "completed") & (seq >= 0)
-                          & ~enq_col.isna().to_numpy() & ~comp_col.isna().to_numpy())
-    if not len(rows):
+    rows = np.concatenate([pairs.send, pairs.recv])  # only the paired rows' columns are gathered
+    enq, comp = _gather(entries["t_enqueue_ns"], rows), _gather(entries["t_complete_ns"], rows)
+    timed = _is(entries["state"], "completed")[rows] & (enq >= 0) & (comp >= 0)
+    duration = comp - enq
+    n = len(pairs)
+    both = timed[:n] & timed[n:]
+    if not both.any():
         return none
-    # only the p2p rows' columns are gathered: never a copy of the whole entry table
-    is_send = _is(entries["op"], "send")[rows]
-    rank, peer = _gather(entries["rank"], rows), _gather(entries["peer"], rows)
-    p2p = pd.DataFrame({
-        "group": _codes(entries["group"])[0][rows], "seq": seq[rows],
-        "src": np.where(is_send, rank, peer), "dst": np.where(is_send, peer, rank),
-        "duration_ns": _gather(comp_col, rows) - _gather(enq_col, rows),
-    })
-    pairs = pair_transfers(p2p, is_send, ["duration_ns"])
-    if pairs.empty:
-        return none
+    rank = _gather(entries["rank"], rows)
     # the side that arrived later waited least: its duration is closest to the transfer itself
-    pairs["transfer_ms"] = np.minimum(pairs["duration_ns_s"], pairs["duration_ns_r"]) / 1e6
-    return pairs.groupby(["src", "dst"]).agg(transfer_ms=("transfer_ms", "median"), count=("transfer_ms", "size")).reset_index()
+    links = pd.DataFrame({"src": rank[:n][both], "dst": rank[n:][both],
+                          "transfer_ms": np.minimum(duration[:n], duration[n:])[both] / 1e6})
+    return links.groupby(["src", "dst"]).agg(transfer_ms=("transfer_ms", "median"), count=("transfer_ms", "size")).reset_index()
 
 
 def _median_of_the_others(values: np.ndarray) -> np.ndarray:
@@ -397,12 +392,12 @@ def _median_of_the_others(values: np.ndarray) -> np.ndarray:
 
 
 def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: dict[int, int],
-              members: dict[str, list[int]] | None = None) -> SlowResult:
+              members: dict[str, list[int]] | None = None, transfers: Transfers | None = None) -> SlowResult:
     lateness = collective_lateness(entries, group_sizes)
     release_free_memory()  # its temporaries (gigabytes at 16k ranks) were freed into glibc's heap
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
     release_free_memory()
-    links = p2p_links(entries)
+    links = p2p_links(entries, transfers)
     result.links = links
     if len(links) >= 2:
         ratio = links["transfer_ms"].to_numpy() / np.maximum(_median_of_the_others(links["transfer_ms"].to_numpy()), 1e-3)
