@@ -24,7 +24,10 @@ from .memory import release_free_memory
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives
 MIN_LATE_MS = 0.5  # ... by at least this much (median), so scheduler jitter never qualifies
-MIN_INSTANCES = 5  # fewer complete collectives than this: no verdict on speed
+# Fewer complete instances than this (in all, or on a channel): no verdict on speed. At 5, a healthy
+# 4-rank job on a loaded host named a straggler that had the most own lateness in 3 of 5 ops (by
+# chance 1 in 10 per rank); 12 of 20 happens by chance 1 in 1,000 with 4 members.
+MIN_INSTANCES = 20
 SLOW_LINK_RATIO = 2.0
 # A gap between two blocking ops shorter than this is overhead, not compute: it could never make a
 # rank late enough to count, and as an instance's shortest gap, scheduler noise of a loaded host
@@ -410,7 +413,8 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     instances = int(lateness["instance"].nunique()) if len(lateness) else 0
     if instances < MIN_INSTANCES:
         if instances:
-            result.notes.append(f"only {instances} complete blocking ops have timing: too few to tell slow ranks")
+            result.notes.append(f"only {instances} complete blocking ops have timing: too few to tell slow ranks "
+                                f"({MIN_INSTANCES} needed)")
         return result
     per = rank_scores(lateness)
     chosen = per[(per["score"] >= MIN_SCORE) & (per["vote_share"] >= MIN_VOTE_SHARE)
