@@ -214,15 +214,18 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
         return []
     groups = pd.Categorical(entries["group"])  # grouped by code: no string per entry
     rank = entries["rank"].to_numpy()
-    rows = np.isin(rank, wrapped) & (entries["kind"] == "coll").to_numpy() & (groups.codes >= 0)
+    is_wrapped = np.zeros(max(int(rank.max()) if len(rank) else 0, wrapped[-1]) + 1, dtype=bool)
+    is_wrapped[wrapped] = True  # a lookup per row instead of isin's sort of 30 million ranks
+    rows = is_wrapped[rank] & (entries["kind"] == "coll").to_numpy() & (groups.codes >= 0)
     rank, code, seq = rank[rows], groups.codes[rows].astype(np.int64), entries["seq"].to_numpy()[rows]
     ids = ids_within_ranks(rank, code, sort=True)  # one id per (rank, group), in rank then group order
     first_row = first_rows(ids)
     lowest = np.full(len(first_row), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(lowest, ids, seq.astype(np.int64))
     starts_of: dict[int, list[str]] = {}
+    names = [str(c) for c in groups.categories]
     for rr, cc, s in zip(rank[first_row].tolist(), code[first_row].tolist(), lowest.tolist(), strict=True):
-        starts_of.setdefault(int(rr), []).append(f"group {groups.categories[cc]} from seq {int(s)}")  # one pass
+        starts_of.setdefault(rr, []).append(f"group {names[cc]} from seq {s}")  # one pass
     out = []
     for r in wrapped:
         d = dumps[r]

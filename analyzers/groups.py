@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .columns import first_rows, group_ids
+from .columns import first_rows, ids_within_ranks
 from .constants import MAX_RANKS
 from .rankdump import FileProblem, RankDump
 from .textutil import ranges
@@ -127,8 +127,9 @@ def _users(entries: pd.DataFrame) -> dict[str, tuple[int, ...]]:
     codes, ranks = groups.codes.astype(np.int64), entries["rank"].to_numpy()
     known = codes >= 0
     codes, ranks = codes[known], ranks[known]
-    first = first_rows(group_ids([codes, ranks], sort=True))  # distinct (group, rank) pairs, by group then rank
-    code_of, rank_of = codes[first], ranks[first]
+    first = first_rows(ids_within_ranks(ranks, codes))  # distinct (rank, group) pairs, hashed a slice of ranks at a time
+    order = np.lexsort((ranks[first], codes[first]))  # by group then rank: a few pairs per rank, not every entry
+    code_of, rank_of = codes[first][order], ranks[first][order]
     bounds = np.flatnonzero(np.diff(code_of)) + 1
     out: dict[str, tuple[int, ...]] = {}
     for code, members in zip(code_of[np.r_[0, bounds]] if len(code_of) else [], np.split(rank_of, bounds), strict=False):
