@@ -521,6 +521,14 @@ def ids_within_ranks(rank: np.ndarray, other: np.ndarray, sort: bool = False, pi
     return out
 
 
+def is_value(column: pd.Series, value: str) -> np.ndarray:
+    """`column == value` for a categorical column, compared on its codes (no string per row)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        found = column.cat.categories.get_indexer([value])[0]
+        return column.cat.codes.to_numpy() == found if found >= 0 else np.zeros(len(column), dtype=bool)
+    return (column == value).to_numpy(dtype=bool, na_value=False)
+
+
 TRANSFER_KEY = ("group", "src", "dst", "seq")
 
 
@@ -544,14 +552,11 @@ def pair_transfers(entries: pd.DataFrame) -> Transfers:
     seq): one packed int64 key when it fits, several times cheaper than merging on four columns."""
     if "peer" not in entries.columns or entries.empty:
         return Transfers(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    kind = pd.Categorical(entries["kind"])
     seq, peer = entries["seq"].to_numpy(), entries["peer"].to_numpy()
-    p2p = kind.codes == (kind.categories.get_loc("p2p") if "p2p" in kind.categories else -2)
-    rows = np.flatnonzero(p2p & (seq > 0) & (peer >= 0))
+    rows = np.flatnonzero(is_value(entries["kind"], "p2p") & (seq > 0) & (peer >= 0))
     if not len(rows):
         return Transfers(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    op = pd.Categorical(entries["op"])
-    is_send = (op.codes == (op.categories.get_loc("send") if "send" in op.categories else -2))[rows]
+    is_send = is_value(entries["op"], "send")[rows]
     rank, peer = entries["rank"].to_numpy()[rows], peer[rows]
     table = pd.DataFrame({
         "group": pd.Categorical(entries["group"]).codes[rows], "seq": seq[rows],

@@ -212,13 +212,16 @@ def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:
     )
 
 
-def _shared_codes(a: pd.Categorical, b: pd.Categorical, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, pd.Index]:
-    """Codes at `rows` of two categoricals, into one set of categories (-1 = missing), so they
-    compare as ints; only the categories are remapped, the rows are gathered once."""
+def _shared_codes(a: pd.Categorical, b: pd.Categorical) -> tuple[np.ndarray, np.ndarray, pd.Index]:
+    """One set of categories for two categoricals, and each one's code -> shared code table (its
+    last slot, for code -1, is -1), so codes gathered at any rows compare as ints."""
     cats = a.categories.append(b.categories).unique()
-    remap_a = np.append(cats.get_indexer(a.categories), -1)
-    remap_b = np.append(cats.get_indexer(b.categories), -1)
-    return remap_a[a.codes[rows]], remap_b[b.codes[rows]], cats
+    return np.append(cats.get_indexer(a.categories), -1), np.append(cats.get_indexer(b.categories), -1), cats
+
+
+def _carried(own: np.ndarray, other: np.ndarray, empty: np.ndarray) -> np.ndarray:
+    """The payload codes an op carries: its own side's, or the other side's where its own is empty."""
+    return np.where((own < 0) | np.isin(own, empty), other, own)
 
 
 def _p2p_mismatches(entries: pd.DataFrame, transfers: Transfers) -> list[Mismatch]:
@@ -234,15 +237,11 @@ def _p2p_mismatches(entries: pd.DataFrame, transfers: Transfers) -> list[Mismatc
     labels: dict[str, pd.Index] = {}
     for name, (ins, outs) in {"shapes": ("in_shapes", "out_shapes"), "dtypes": ("in_dtypes", "out_dtypes")}.items():
         a, b = pd.Categorical(entries[ins]), pd.Categorical(entries[outs])
-        sides = []
-        for rows, first in ((send, "in"), (recv, "out")):
-            in_code, out_code, cats = _shared_codes(a, b, rows)
-            empty = np.flatnonzero(cats == "[]") if name == "shapes" else np.empty(0, dtype=np.int64)
-            empty_in = (in_code < 0) | np.isin(in_code, empty)
-            empty_out = (out_code < 0) | np.isin(out_code, empty)
-            # a send's payload is its input, a receive's its output (the other one when that is empty)
-            sides.append(np.where(empty_in, out_code, in_code) if first == "in" else np.where(empty_out, in_code, out_code))
-        payload[name] = (sides[0], sides[1])
+        remap_in, remap_out, cats = _shared_codes(a, b)
+        empty = np.flatnonzero(cats == "[]") if name == "shapes" else np.empty(0, dtype=np.int64)
+        # a send's payload is its input, a receive's its output
+        payload[name] = (_carried(remap_in[a.codes[send]], remap_out[b.codes[send]], empty),
+                         _carried(remap_out[b.codes[recv]], remap_in[a.codes[recv]], empty))
         labels[name] = cats
     group = pd.Categorical(entries["group"])
     rank = entries["rank"].to_numpy()

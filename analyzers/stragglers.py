@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import Transfers, first_rows, group_ids, ids_within_ranks, pack_keys, pair_transfers
+from .columns import Transfers, first_rows, group_ids, ids_within_ranks, is_value, pack_keys, pair_transfers
 from .memory import release_free_memory
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
@@ -74,14 +74,6 @@ def _int32(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32)
 
 
-def _is(column: pd.Series, value: str) -> np.ndarray:
-    """`column == value` for a categorical column, compared on its codes (no string per row)."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        found = column.cat.categories.get_indexer([value])[0]
-        return column.cat.codes.to_numpy() == found if found >= 0 else np.zeros(len(column), dtype=bool)
-    return (column == value).to_numpy(dtype=bool, na_value=False)
-
-
 def _codes(column: pd.Series) -> tuple[np.ndarray, pd.Index]:
     """A text column as integer codes and their labels (str), however it is stored."""
     cat = column.astype("category")
@@ -102,9 +94,9 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     Built from numpy columns gathered once through one index: at 16k ranks this table has tens
     of millions of rows, and the entry table has ~30 columns it must not copy.
     """
-    is_coll, is_p2p = _is(entries["kind"], "coll"), _is(entries["kind"], "p2p")
+    is_coll, is_p2p = is_value(entries["kind"], "coll"), is_value(entries["kind"], "p2p")
     enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
-    mask = ((is_coll | is_p2p) & _is(entries["state"], "completed") & (_gather(entries["seq"]) >= 0)
+    mask = ((is_coll | is_p2p) & is_value(entries["state"], "completed") & (_gather(entries["seq"]) >= 0)
             & ~entries["is_async"].to_numpy(dtype=bool, na_value=False)
             & ~enq_col.isna().to_numpy() & ~comp_col.isna().to_numpy())
     del is_coll
@@ -200,9 +192,9 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
     every member of a collective, both sides of a transfer. Returns the kept rows of `ops`, their
     instance ids and channel codes, and the channel labels (made once per channel, not per row).
     """
-    is_send, is_p2p = _is(ops["op"], "send"), (ops["kind"].cat.codes == 1).to_numpy()
+    is_send, is_p2p = is_value(ops["op"], "send"), (ops["kind"].cat.codes == 1).to_numpy()
     peer_all = ops["peer"].to_numpy()
-    usable = np.flatnonzero(~is_p2p | ((is_send | _is(ops["op"], "recv")) & (peer_all >= 0)))
+    usable = np.flatnonzero(~is_p2p | ((is_send | is_value(ops["op"], "recv")) & (peer_all >= 0)))
     is_send, is_p2p, peer = is_send[usable], is_p2p[usable], peer_all[usable]
     group_code = ops["group"].cat.codes.to_numpy()[usable].astype("int64")
     rank = ops["rank"].to_numpy()[usable]
@@ -366,7 +358,7 @@ def p2p_links(entries: pd.DataFrame, transfers: Transfers | None = None) -> pd.D
         return none
     rows = np.concatenate([pairs.send, pairs.recv])  # only the paired rows' columns are gathered
     enq, comp = _gather(entries["t_enqueue_ns"], rows), _gather(entries["t_complete_ns"], rows)
-    timed = _is(entries["state"], "completed")[rows] & (enq >= 0) & (comp >= 0)
+    timed = is_value(entries["state"], "completed")[rows] & (enq >= 0) & (comp >= 0)
     duration = comp - enq
     n = len(pairs)
     both = timed[:n] & timed[n:]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from .packed import pack
+from .packed import pack, packable
 from .stacks import site_frame
 
 STATES = ("enqueued", "started", "completed", "failed", "unknown")
@@ -195,13 +195,8 @@ def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False)
             continue
         if name in OMITTED_AT_DEFAULT and values and values.count(OMITTED_AT_DEFAULT[name]) == len(values):
             continue
-        columns[name] = pack(values) if packed and _integers(values) else values
+        columns[name] = pack(values) if packed and packable(values) else values
     return columns
-
-
-def _integers(values: list[Any]) -> bool:
-    """Ints and nulls only (bool is not packed: it is no number to a JSON reader)."""
-    return all(type(v) is int or v is None for v in values) and any(v is not None for v in values)
 
 
 def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:

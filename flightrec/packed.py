@@ -23,6 +23,11 @@ _INT32 = (-(2**31), 2**31 - 1)
 _TYPECODES = {"<i4": "i", "<i8": "q"}  # array typecodes of exactly 4 and 8 bytes on every CPython platform
 
 
+def packable(values: list[Any]) -> bool:
+    """Ints and nulls only, at least one int (bool is not packed: it is no number to a JSON reader)."""
+    return all(type(v) is int or v is None for v in values) and any(v is not None for v in values)
+
+
 def pack(values: list[int | None]) -> dict[str, Any] | list[int | None]:
     """`{"encoding": "delta", "dtype": "<i4"|"<i8", "data": hex, "nulls": [positions]}`.
 
