@@ -1,9 +1,10 @@
 """Time flightrec adds per collective, against no recorder and against PyTorch's built-in recorder.
 
 world_size=1 gloo all_reduce of 16 floats, sync and async. flightrec's cost is measured inside one
-process by interleaving blocks of calls to the original and the wrapped function; PyTorch's
-recorder is switched by TORCH_FR_BUFFER_SIZE (2000 vs 0), which only takes effect per process, so
-those processes alternate round by round. Prints medians in microseconds and ratios.
+process by interleaving blocks of calls to the original and the wrapped function. PyTorch's recorder
+is switched by TORCH_FR_BUFFER_SIZE (2000 vs 0), which only takes effect per process, so each round
+runs those two processes side by side, each pinned to its own CPU (same minute, same thread
+placement), then flightrec alone unpinned. Prints medians in microseconds and ratios (docs/overhead.md).
 
     python benchmarks/overhead.py [--rounds 6] [--block 400] [--blocks 40]
 """
@@ -123,13 +124,57 @@ def measure(block: int, blocks: int) -> dict[str, list[float]]:
     return out
 
 
-def child(fr_buffer: int, block: int, blocks: int) -> dict[str, list[float]]:
+def _launch(fr_buffer: int, block: int, blocks: int, core: int | None) -> subprocess.Popen[str]:
+    """A child measuring with PyTorch's recorder on (`fr_buffer` entries) or off, pinned to `core`."""
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(fr_buffer), OMP_NUM_THREADS="1")
     env.pop("FLIGHTREC", None)
-    code = f"import sys, json; sys.path.insert(0, {ROOT!r}); from benchmarks.overhead import measure; " \
+    pin = f"import os; os.sched_setaffinity(0, {{{core}}}); " if core is not None else ""
+    code = f"{pin}import sys, json; sys.path.insert(0, {ROOT!r}); from benchmarks.overhead import measure; " \
            f"print(json.dumps(measure({block}, {blocks})))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _collect(proc: subprocess.Popen[str]) -> dict[str, list[float]]:
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _cores() -> list[int] | None:
+    """Two CPUs to pin the side-by-side children to, or None where that is not possible."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return None
+    return cpus[:2] if len(cpus) >= 2 else None
+
+
+def run_round(round_: int, block: int, blocks: int, cores: list[int] | None) -> dict[str, dict[str, list[float]]]:
+    """Three children: PyTorch's recorder off ("off") and on ("on") side by side, one per CPU (swapped
+    every round), so that the machine's minute-to-minute speed is the same for both; then one with it
+    off, alone and unpinned ("alone"), where gloo's worker thread can run on the other CPU. With
+    fewer than two CPUs, "off" and "on" run one after the other, in alternating order."""
+    settings = ("off", "on") if round_ % 2 == 0 else ("on", "off")
+    buffer = {"off": 0, "on": 2000}
+    if cores is None:
+        out = {name: _collect(_launch(buffer[name], block, blocks, None)) for name in settings}
+        out["alone"] = out["off"]
+        return out
+    procs = {name: _launch(buffer[name], block, blocks, core) for name, core in zip(settings, cores, strict=True)}
+    out = {name: _collect(proc) for name, proc in procs.items()}
+    out["alone"] = _collect(_launch(0, block, blocks, None))
+    return out
+
+
+def _paired(result: dict[str, list[float]], variant: str, base: str) -> float:
+    """Median of per-block differences: the two blocks ran next to each other in one process."""
+    return statistics.median([w - b for w, b in zip(result[variant], result[base], strict=True)])
 
 
 def main() -> None:
@@ -138,43 +183,52 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=400)
     parser.add_argument("--blocks", type=int, default=40)
     args = parser.parse_args()
-    runs: dict[int, dict[str, list[float]]] = {0: {}, 2000: {}}
-    fr_rounds: dict[str, list[float]] = {"sync": [], "async": []}
-    for round_ in range(args.rounds):
-        medians = {}
-        for fr in ((0, 2000) if round_ % 2 == 0 else (2000, 0)):  # alternating order cancels drift
-            result = child(fr, args.block, args.blocks)
-            medians[fr] = {key: statistics.median(values) for key, values in result.items()}
-            for key, values in result.items():
-                runs[fr].setdefault(key, []).extend(values)
-        for mode in ("sync", "async"):  # PyTorch's recorder: two back-to-back processes, on vs off
-            fr_rounds[mode].append(medians[2000][f"{mode}_base"] - medians[0][f"{mode}_base"])
-    med = {fr: {k: statistics.median(v) for k, v in r.items()} for fr, r in runs.items()}
-    # flightrec's added time: paired within the same processes (PyTorch's recorder off)
-    added = {mode: statistics.median([w - b for w, b in zip(runs[0][f"{mode}_flightrec"], runs[0][f"{mode}_base"], strict=False)])
-             for mode in ("sync", "async")}
-    torch_fr = {mode: statistics.median(fr_rounds[mode]) for mode in ("sync", "async")}
+    cores = _cores()
+    rounds = [run_round(r, args.block, args.blocks, cores) for r in range(args.rounds)]
+    modes = ("sync", "async")
+
+    def per_round(child: str, variant: str, m: str) -> list[float]:
+        return [_paired(r[child], f"{m}_{variant}", f"{m}_base") for r in rounds]
+
+    def median_base(child: str, m: str) -> list[float]:
+        return [statistics.median(r[child][f"{m}_base"]) for r in rounds]
+
+    # flightrec: paired blocks inside one process; PyTorch's recorder: the two side-by-side baselines
+    flightrec = {m: per_round("off", "flightrec", m) for m in modes}
+    alone = {m: per_round("alone", "flightrec", m) for m in modes}
+    on_top = {m: per_round("on", "flightrec", m) for m in modes}
+    torch_fr = {m: [on - off for on, off in zip(median_base("on", m), median_base("off", m), strict=True)] for m in modes}
+    med = statistics.median
+    how = f"side by side, pinned to CPUs {cores}" if cores else "one after the other (fewer than 2 CPUs to pin to)"
     print(f"all_reduce of 16 floats, world_size=1 gloo; {args.rounds} rounds x {args.blocks} blocks x {args.block} calls")
-    print(f"{'':8} {'baseline us':>12} {'+flightrec us':>14} {'+torch FR us':>13} {'flightrec/base':>15} "
-          f"{'flightrec/torchFR':>18}")
-    for mode in ("sync", "async"):
-        base = med[0][f"{mode}_base"]
-        ratio_fr = added[mode] / torch_fr[mode] if torch_fr[mode] > 0 else float("inf")
-        print(f"{mode:8} {base:12.2f} {added[mode]:14.2f} {torch_fr[mode]:13.2f} {(base + added[mode]) / base:15.3f} "
-              f"{ratio_fr:18.2f}")
-    print("PyTorch's recorder, per round (on minus off, us): "
-          + ", ".join(f"{mode} " + " ".join(f"{d:.1f}" for d in fr_rounds[mode]) for mode in ("sync", "async")))
-    print(f"flightrec's bookkeeping alone (its wrapper around a no-op, hot loop): "
-          f"{statistics.median(runs[0]['bookkeeping']):.2f} us per call")
-    if "sync_python" in runs[0]:
-        python = {mode: statistics.median([w - b for w, b in zip(runs[0][f"{mode}_python"], runs[0][f"{mode}_base"],
-                                                                  strict=False)]) for mode in ("sync", "async")}
-        print(f"the same wrapper with its C hot path off (pure Python), interleaved: +{python['sync']:.2f} us sync, "
-              f"+{python['async']:.2f} us async, bookkeeping {statistics.median(runs[0]['bookkeeping_python']):.2f} us")
+    print(f"A: PyTorch's recorder off and on in two processes {how}; B: flightrec alone, unpinned")
+    print(f"{'':8} {'A baseline us':>14} {'A +flightrec':>13} {'A +torch FR':>12} {'A flightrec/torchFR':>20} "
+          f"{'B baseline us':>14} {'B +flightrec':>13}")
+    for m in modes:
+        added, torch_added = med(flightrec[m]), med(torch_fr[m])
+        ratio = f"{added / torch_added:.2f}" if torch_added > 0 else "inf"
+        print(f"{m:8} {med(median_base('off', m)):14.2f} {added:13.2f} {torch_added:12.2f} {ratio:>20} "
+              f"{med(median_base('alone', m)):14.2f} {med(alone[m]):13.2f}")
+    for m in modes:
+        print(f"per round, {m} (us): A flightrec " + " ".join(f"{d:.1f}" for d in flightrec[m])
+              + " | A PyTorch's recorder " + " ".join(f"{d:.1f}" for d in torch_fr[m])
+              + " | A flightrec on top of PyTorch's " + " ".join(f"{d:.1f}" for d in on_top[m])
+              + " | B flightrec " + " ".join(f"{d:.1f}" for d in alone[m]))
+    wins = sum(f < t for f, t in zip(flightrec["sync"], torch_fr["sync"], strict=True))
+    print(f"rounds where flightrec added less than PyTorch's recorder (A, sync): {wins} of {args.rounds}")
+    own = [r["alone"] for r in rounds]
+    print(f"flightrec's bookkeeping alone (its wrapper around a no-op, hot loop, B): "
+          f"{med(v for r in own for v in r['bookkeeping']):.2f} us per call")
+    if "sync_python" in own[0]:
+        python = {m: med(per_round("alone", "python", m)) for m in modes}
+        print(f"the same wrapper with its C hot path off (pure Python), B: +{python['sync']:.2f} us sync, "
+              f"+{python['async']:.2f} us async, bookkeeping {med(v for r in own for v in r['bookkeeping_python']):.2f} us")
     else:
         print("the C hot path (flightrec/_fastpath.c) is not in use: these are the pure-Python figures")
-    print(f"target: sync added <= 5.00 us -> {'met' if added['sync'] <= 5.0 else 'NOT met'}; "
-          f"no more than PyTorch's recorder adds -> {'met' if added['sync'] <= max(torch_fr['sync'], 0) else 'NOT met'}")
+    verdict = {True: "met", False: "NOT met"}
+    print(f"target: sync added <= 5.00 us -> A {verdict[med(flightrec['sync']) <= 5.0]}, "
+          f"B {verdict[med(alone['sync']) <= 5.0]}; no more than PyTorch's recorder adds (A) -> "
+          f"{verdict[med(flightrec['sync']) <= max(med(torch_fr['sync']), 0)]}")
 
 
 if __name__ == "__main__":
