@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import Transfers, first_rows, group_ids, pack_keys, pair_transfers
+from .columns import Transfers, dense_ids, first_rows, pack_keys, pair_transfers
 from .constants import (
     ALL_GATHER_OPS,
     GATHER_OPS,
@@ -98,7 +98,7 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
     if coll.empty:
         return pd.DataFrame(columns=["rank", "group", "seq", "id", "state", *FIELDS])
     # one id per distinct (group, op, shapes, dtypes) combination, from the categorical codes
-    key = group_ids([pd.Categorical(coll[c]).codes.astype(np.int64) for c in _SIG_COLUMNS])
+    key = dense_ids([pd.Categorical(coll[c]).codes for c in _SIG_COLUMNS])  # pack_keys widens
     firsts = coll.iloc[first_rows(key)]  # one row per distinct combination, in id order
     shape_sig = np.empty(len(firsts), dtype=object)
     dtype_sig = np.empty(len(firsts), dtype=object)
@@ -128,7 +128,8 @@ def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ..
             "shapes": text(by_key(shape_sig)),
             "dtypes": text(by_key(dtype_sig)),
             "reduce_op": text(reduce_op.fillna("")),
-        }
+        },
+        copy=False,  # fresh columns: consolidating them into 2-D blocks would copy tens of millions of rows
     )
     dup = _repeated(sig["rank"].to_numpy(), pd.Categorical(sig["group"]).codes, sig["seq"].to_numpy())
     if dup.any():  # coalesced blocks: one unit per (rank, group, seq), fields joined in record order
@@ -171,8 +172,17 @@ def _collective_mismatches(pos: pd.DataFrame) -> list[Mismatch]:
     pos = pos[~unknown[op.codes]]
     if pos.empty:
         return []
-    position = group_ids([pd.Categorical(pos["group"]).codes.astype(np.int64), pos["seq"].to_numpy()])
-    at = {name: _varies(position, pd.Categorical(pos[name]).codes) for name in FIELDS}
+    position = dense_ids([pd.Categorical(pos["group"]).codes, pos["seq"].to_numpy()])
+    codes = {name: pd.Categorical(pos[name]).codes for name in FIELDS}
+    # All fields at once first (nulls included): a position where no member differs in any field
+    # cannot vary in one. At scale that is nearly every position, so the per-field passes below
+    # run only over the few positions that differ somewhere.
+    combined = pack_keys(list(codes.values()))  # nulls (-1) are a value of their own here
+    suspect = np.flatnonzero(_varies(position, combined) if combined is not None else np.ones(len(pos), dtype=bool))
+    if not len(suspect):
+        return []
+    pos, position = pos.iloc[suspect], position[suspect]
+    at = {name: _varies(position, codes[name][suspect]) for name in FIELDS}
     out: list[Mismatch] = []
     for name in FIELDS:
         rows = at[name] if name == "op" else at[name] & ~at["op"]
@@ -186,16 +196,17 @@ def _collective_mismatches(pos: pd.DataFrame) -> list[Mismatch]:
 def _varies(position: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """Per row: does its position hold more than one distinct non-null value (nunique > 1)?
 
-    Smallest and largest code per position, by scattered min/max: no hashing of the values at all.
+    Each position keeps one of its members' values (whichever a plain scattered write leaves); the
+    position varies exactly when some member's value differs from it. No hashing, no ufunc.at.
     """
     k = int(position.max()) + 1 if len(position) else 0
-    valid = codes >= 0
-    where, values = position[valid], codes[valid]  # in the codes' own (small) integer type
-    low = np.full(k, np.iinfo(codes.dtype).max, dtype=codes.dtype)
-    high = np.full(k, -1, dtype=codes.dtype)
-    np.minimum.at(low, where, values)
-    np.maximum.at(high, where, values)
-    return (high > low)[position]
+    valid = codes >= 0  # codes are never negative but for null (-1)
+    where = position[valid]
+    reference = np.full(k, -1, dtype=codes.dtype)
+    reference[where] = codes[valid]
+    differs = np.zeros(k, dtype=bool)
+    differs[where[codes[valid] != reference[where]]] = True
+    return differs[position]
 
 
 def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:

@@ -1,11 +1,12 @@
-"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 4).
+"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 5).
 
 Why: the dump is already column-oriented, so it becomes a DataFrame without a per-entry Python loop;
 this module only validates the top level and turns lists (shapes, dtypes) into comparable text.
 Schema 2 stores text columns dictionary-encoded, so that text is made once per distinct value and
 the codes go straight into numpy (about 5x less work per file than schema 1's lists of values);
 schema 3 stores each distinct op once in `templates`, which halves it again; schema 4 packs the
-integer columns into hex strings, so their numbers are never Python ints at all.
+integer columns into hex strings, so their numbers are never Python ints at all; schema 5 packs
+each in the narrowest integer type that holds it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from .columns import decode_schema2, dtype_text, expand_templates, finish_columns, text_column, unpack
+from .columns import (
+    Coded,
+    decode_schema2,
+    dtype_text,
+    encode,
+    expand_templates,
+    finish_columns,
+    recode,
+    text_column,
+    unpack,
+)
 from .constants import FMT_FLIGHTREC, MAX_RANKS, SUPPORTED_FLIGHTREC_SCHEMAS, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 from .read_torch_fr import parse_pg_status
@@ -140,14 +151,17 @@ def _is_coded(value: Any, packed: bool = False) -> bool:
             and (isinstance(value.get("codes"), list) or (packed and _is_packed(value.get("codes")))))
 
 
+_DTYPE_TEXTS: dict[tuple[str, ...], Coded] = {}  # per reader process: dtype lists rewritten once (columns.recode)
+
+
 def _normalise(cols: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in cols.items()}
     for name in ("in_shapes", "out_shapes"):
         if name in cols:
             out[name] = text_column(cols[name])
     for name in ("in_dtypes", "out_dtypes"):
-        if name in cols:
-            out[name] = text_column(cols[name], _dtypes)  # schema 2: already coded, rewritten per value
+        if name in cols:  # schema 2: already coded, rewritten per distinct value
+            out[name] = recode(encode(cols[name]), _dtypes, _DTYPE_TEXTS)
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import Transfers, first_rows, group_ids, ids_within_ranks, is_value, pack_keys, pair_transfers
+from .columns import Transfers, dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pair_transfers
 from .memory import release_free_memory
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
@@ -157,32 +157,29 @@ def _running_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(values + lift) - lift
 
 
-def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
-    """0..k-1 per distinct row of the integer `columns`, in key order. When the packed key space is
-    small next to the rows (a collective's group and seq), a presence table numbers them without
-    hashing (a hash table over tens of millions of rows costs seconds and a gigabyte)."""
-    key = pack_keys(columns)
-    if key is None or not len(key):
-        return group_ids(columns, sort=True)
-    span = int(key.max()) + 1
-    if span > 2 * len(key) or span >= 1 << 31:
-        return pd.factorize(key, sort=True)[0]
-    present = np.zeros(span, dtype=bool)
-    present[key] = True
-    number = np.cumsum(present, dtype=np.int32)
-    number -= 1
-    return number[key].astype(np.int64)
-
-
 def _per_id(reduce: np.ufunc, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     """`reduce` (np.maximum, np.minimum, np.fmin) of `values` over the rows of each id, back on every
     row: a groupby-transform on small non-negative ids, as one scattered reduction."""
-    first = first_rows(ids)
-    present = first < len(ids)
-    out = np.zeros(len(first), dtype=values.dtype)
-    out[present] = values[first[present]]  # seeded with one member's own value
+    out = np.zeros(int(ids.max()) + 1 if len(ids) else 0, dtype=values.dtype)
+    out[ids] = values  # each id seeded with one of its members' own values (whichever write lands last)
     reduce.at(out, ids, values)
     return out[ids]
+
+
+def _channels(group_code: np.ndarray, direction: np.ndarray, peer: np.ndarray, p2p: np.ndarray,
+              groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's channel, numbered 0..k-1 in order of first appearance, and each channel's first
+    row. A collective's channel is its group, so only the transfers' (group, direction, peer) are
+    hashed: the collectives' tens of millions of rows are not."""
+    raw = group_code.astype(np.int64, copy=True)
+    if len(p2p):
+        raw[p2p] = groups + group_ids([group_code[p2p], direction[p2p], peer[p2p]])
+    first = first_rows(raw)
+    present = np.flatnonzero(first < len(raw))
+    order = present[np.argsort(first[present], kind="stable")]  # raw ids in order of first appearance
+    renumber = np.full(len(first), -1, dtype=np.int64)
+    renumber[order] = np.arange(len(order))
+    return renumber[raw], first[order]
 
 
 def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.Index]:
@@ -195,32 +192,42 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
     is_send, is_p2p = is_value(ops["op"], "send"), (ops["kind"].cat.codes == 1).to_numpy()
     peer_all = ops["peer"].to_numpy()
     usable = np.flatnonzero(~is_p2p | ((is_send | is_value(ops["op"], "recv")) & (peer_all >= 0)))
-    is_send, is_p2p, peer = is_send[usable], is_p2p[usable], peer_all[usable]
-    group_code = ops["group"].cat.codes.to_numpy()[usable].astype("int64")
-    rank = ops["rank"].to_numpy()[usable]
-    seq = ops["seq"].to_numpy()[usable]
-    instance = np.empty(len(usable), dtype=np.int64)
-    coll = np.flatnonzero(~is_p2p)  # collectives: (group, seq), a small dense key space
-    coll_ids = _dense_ids([group_code[coll], seq[coll]])
-    instance[coll] = coll_ids
-    offset = int(coll_ids.max()) + 1 if len(coll_ids) else 0
-    del coll, coll_ids
+    every = len(usable) == len(is_p2p)  # the usual case: no transfer with an unknown peer
+
+    def take(values: np.ndarray) -> np.ndarray:  # the usable rows (the column itself when that is all)
+        return values if every else values[usable]
+
+    is_send, is_p2p, peer = take(is_send), take(is_p2p), take(peer_all)
+    group_code = take(ops["group"].cat.codes.to_numpy()).astype("int64")
+    rank = take(ops["rank"].to_numpy())
+    seq = take(ops["seq"].to_numpy())
     p2p = np.flatnonzero(is_p2p)  # transfers: (group, src, dst, seq), hashed over these rows only
-    sends = is_send[p2p]
-    src, dst = np.where(sends, rank[p2p], peer[p2p]), np.where(sends, peer[p2p], rank[p2p])
-    instance[p2p] = offset + _dense_ids([group_code[p2p], src, dst, seq[p2p]])
-    del rank, seq, p2p, sends, src, dst  # tens of millions of rows: each temporary goes once it has served
+    if len(p2p):
+        instance = np.empty(len(usable), dtype=np.int64)
+        coll = np.flatnonzero(~is_p2p)  # collectives: (group, seq), a small dense key space
+        coll_ids = dense_ids([group_code[coll], seq[coll]])
+        instance[coll] = coll_ids
+        offset = int(coll_ids.max()) + 1 if len(coll_ids) else 0
+        del coll, coll_ids
+        sends = is_send[p2p]
+        src, dst = np.where(sends, rank[p2p], peer[p2p]), np.where(sends, peer[p2p], rank[p2p])
+        instance[p2p] = offset + dense_ids([group_code[p2p], src, dst, seq[p2p]])
+        del sends, src, dst
+    else:  # collectives only (blocking transfers are rare): no row subsets to gather
+        instance = dense_ids([group_code, seq])
+    del rank, seq  # tens of millions of rows: each temporary goes once it has served
     names = np.asarray(ops["group"].cat.categories.astype(str))
     sizes = np.array([group_sizes.get(str(g), 0) for g in names], dtype="int64")
     members = np.bincount(instance)[instance]
     keep = np.flatnonzero((members == np.where(is_p2p, 2, sizes[group_code] if len(sizes) else 0)) & (members >= 2))
     del members
     direction = np.where(is_p2p, np.where(is_send, 1, 2), 0).astype(np.int8)
-    channel = group_ids([group_code, direction, np.where(is_p2p, peer, -1)])
-    first = first_rows(channel)
+    channel, first = _channels(group_code, direction, peer, p2p, len(names))
     labels = pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
                        f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}"
                        for i in first], dtype=object)
+    if len(keep) == len(instance):  # every instance complete: the ids are 0..k-1 already
+        return usable, instance, channel, labels
     kept = instance[keep]
     present = np.zeros(int(instance.max()) + 1 if len(instance) else 0, dtype=bool)
     present[kept] = True

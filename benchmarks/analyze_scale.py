@@ -29,10 +29,12 @@ import json
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -163,9 +165,29 @@ def prepare(ranks: int, entries: int, fault: str, data: str, pp: int | None) -> 
     return fr, pt, time.perf_counter() - t
 
 
+def _cpu_times() -> list[int] | None:
+    """The machine's CPU time counters (/proc/stat's `cpu` line), None where there is none."""
+    try:
+        with open("/proc/stat") as fh:
+            return [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def stolen_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Share of the CPU time the hypervisor gave to other machines between two readings (steal,
+    the 8th counter): on a shared VM the same run takes up to twice as long when it is high."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    spent = [b - a for a, b in zip(before, after, strict=False)]
+    return spent[7] / sum(spent) if sum(spent) > 0 else None
+
+
 def run_flightrec(folder: str, ranks: int, fault: str, pp: int | None, mem_gb: float) -> dict:
     code = ANALYZE_CHILD.format(root=ROOT, folder=folder, ranks=ranks, fault=fault, pp=pp)
+    before = _cpu_times()
     m = measure([sys.executable, "-c", code], timeout=3600, mem_gb=mem_gb)
+    stolen = stolen_share(before, _cpu_times())
     try:
         inner = json.loads(m["stdout"].strip().splitlines()[-1])
     except (IndexError, ValueError, KeyError):
@@ -174,6 +196,7 @@ def run_flightrec(folder: str, ranks: int, fault: str, pp: int | None, mem_gb: f
         return {"error": f"{why}; rc={m.get('rc')}, {m['wall_s']:.0f} s, peak RSS {m.get('rss_gb', float('nan')):.1f} GB",
                 "wall_s": m["wall_s"]}
     inner["end_to_end_s"] = m["wall_s"]
+    inner["stolen"] = stolen
     # The tree's peak: the analyzer's own exact maximum, or the sampled sum over its processes when
     # higher (while readers run). Adding the largest reader's maximum to the analyzer's own, as runs
     # 1-6 did, counts memory the readers held during loading as if held during the analysis.
@@ -237,9 +260,34 @@ def table(sizes: list[int], a: argparse.Namespace, pp: int | None, title: str) -
         print(f"{n:>6} {f['entries']:>11,} {f['load_s']:>7.1f} {f['analysis_s']:>10.1f} {f['end_to_end_s']:>12.1f} "
               f"{f['rss_gb']:>11.2f} {f['rss_bound_gb']:>7.2f} {culprit:>7} {torch_txt:>24} {trss:>12} "
               f"{(f'{ratio:.1f}x' if ratio else '-'):>6}", flush=True)
+        if f.get("stolen") is not None:
+            print(f"{'':>6} CPU time the hypervisor gave to other machines during flightrec's run: {100 * f['stolen']:.0f}%"
+                  + (" (a slow minute: the figures above are inflated)" if f["stolen"] >= 0.10 else ""), flush=True)
         rows.append({"ranks": n, "pp": pp, "entries": f["entries"], "generate_s": gen_s, "flightrec": f, "torch": {
             k: v for k, v in t.items() if k != "stdout"}, "ratio": ratio})
     return rows
+
+
+def yardstick() -> float:
+    """Seconds for a fixed piece of work of the kinds the analyzer does (inflate and decode JSON, sort
+    and gather with numpy), median of 3. It does not change with flightrec's code, so it tells a
+    slow minute of a shared machine from a slow change: compare it between runs."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    blob = zlib.compress(json.dumps([list(range(i, i + 50)) for i in range(2000)]).encode())
+    keys = rng.integers(0, 1 << 40, 3_000_000)
+    where = rng.integers(0, len(keys), len(keys))
+
+    def once() -> float:
+        start = time.perf_counter()
+        for _ in range(20):
+            json.loads(zlib.decompress(blob))
+        np.sort(keys)
+        keys[where].sum()
+        return time.perf_counter() - start
+
+    return statistics.median(once() for _ in range(3))
 
 
 def main() -> int:
@@ -259,7 +307,9 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the raw figures to this file")
     a = p.parse_args()
     sizes = [int(s) for s in a.sizes.split(",") if s]
-    print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start (shared machines vary)")
+    speed = {"start_s": yardstick()}
+    print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start (shared machines vary); "
+          f"yardstick {speed['start_s']:.2f} s")
     rows = table(sizes, a, pp=None, title="3-D layout (TP 8 x PP 4 x DP; pipeline send/recv)")
     tpdp = [int(x) for x in a.tpdp_sizes.split(",") if x]
     if tpdp:
@@ -272,7 +322,9 @@ def main() -> int:
         print(f"dump write: {w['entries']} entries in {w['ms']:.1f} ms (building {w['build_ms']:.1f} ms), "
               f"{w['bytes'] / 1024:.0f} KiB gzip; targets {WRITE_TARGET_MS:.0f} ms, {WRITE_TARGET_MB:.0f} MB: "
               f"{'met' if ok else 'NOT met'}")
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    speed["end_s"] = yardstick()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; yardstick {speed['end_s']:.2f} s (the same fixed work "
+          f"at start and end: a larger figure is a slower minute of this machine, not of flightrec)")
     for r in rows:
         f = r.get("flightrec", {})
         if r["ranks"] == 16384 and r.get("pp") is None:
@@ -284,7 +336,7 @@ def main() -> int:
                   + ("not measured" if ratio is None else f"{ratio:.1f}x, {'met' if ratio >= TARGET_RATIO else 'NOT met'}"))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"rows": rows, "dump_write": w, "cpus": os.cpu_count()}, fh, indent=2, default=str)
+            json.dump({"rows": rows, "dump_write": w, "cpus": os.cpu_count(), "yardstick": speed}, fh, indent=2, default=str)
     return 0
 
 

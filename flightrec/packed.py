@@ -6,6 +6,8 @@ numbers every reader must parse each one into a Python int and then copy it into
 that a reader turns into an array in one call, and the differences between neighbours (ids step by
 1, timestamps by microseconds) compress better than the numbers themselves. Hex, not base64:
 Python decodes it ~2.5x faster and, gzipped, it is no bigger (measured on the 16k synthetic dumps).
+Each column in the narrowest integer type its differences fit (schema 5): half as much text to
+inflate and decode as schema 4's 4 or 8 bytes per value.
 
 Standard library only: the recorder packs inside training processes, and `unpack` lets any script
 read a dump without numpy.
@@ -19,8 +21,9 @@ from itertools import accumulate
 from typing import Any
 
 ENCODING = "delta"
-_INT32 = (-(2**31), 2**31 - 1)
-_TYPECODES = {"<i4": "i", "<i8": "q"}  # array typecodes of exactly 4 and 8 bytes on every CPython platform
+# array typecodes of exactly 1, 2, 4 and 8 bytes on every CPython platform, narrowest first
+_TYPECODES = {"<i1": "b", "<i2": "h", "<i4": "i", "<i8": "q"}
+_RANGES = [(dtype, -(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1) for dtype, size in (("<i1", 1), ("<i2", 2), ("<i4", 4))]
 
 
 def packable(values: list[Any]) -> bool:
@@ -28,12 +31,14 @@ def packable(values: list[Any]) -> bool:
     return all(type(v) is int or v is None for v in values) and any(v is not None for v in values)
 
 
-def pack(values: list[int | None]) -> dict[str, Any] | list[int | None]:
-    """`{"encoding": "delta", "dtype": "<i4"|"<i8", "data": hex, "nulls": [positions]}`.
+def pack(values: list[int | None], narrow: bool = True) -> dict[str, Any] | list[int | None]:
+    """`{"encoding": "delta", "dtype": "<i1"|"<i2"|"<i4"|"<i8", "data": hex, "nulls": [positions]}`.
 
-    data holds each value minus the one before it (the first minus 0), little-endian; a null is
+    data holds each value minus the one before it (the first minus 0), little-endian, in the
+    narrowest of those types that holds every difference (schema 5; ids step by 1: one byte); a null is
     stored as a difference of 0 and listed in `nulls` (left out when there are none). Values whose
-    differences do not fit 64 bits stay a plain array, which every reader also takes.
+    differences do not fit 64 bits stay a plain array, which every reader also takes. `narrow=False`
+    writes schema 4's 32 or 64 bits (for tests of old dumps).
     """
     nulls = [i for i, v in enumerate(values) if v is None]
     if nulls:
@@ -45,7 +50,9 @@ def pack(values: list[int | None]) -> dict[str, Any] | list[int | None]:
     else:
         filled = values  # type: ignore[assignment]
     deltas = [b - a for a, b in zip([0, *filled], filled, strict=False)]
-    dtype = "<i4" if not deltas or (_INT32[0] <= min(deltas) and max(deltas) <= _INT32[1]) else "<i8"
+    dtype = narrowest(min(deltas), max(deltas)) if deltas else "<i1"
+    if not narrow:  # schema 4's writer: 4 or 8 bytes per value
+        dtype = "<i8" if dtype == "<i8" else "<i4"
     try:
         data = array(_TYPECODES[dtype], deltas)
     except OverflowError:
@@ -56,6 +63,11 @@ def pack(values: list[int | None]) -> dict[str, Any] | list[int | None]:
     if nulls:
         column["nulls"] = nulls
     return column
+
+
+def narrowest(low: int, high: int) -> str:
+    """The narrowest packed dtype that holds every integer in [low, high] (`<i8` beyond 32 bits)."""
+    return next((dtype for dtype, lo, hi in _RANGES if lo <= low and high <= hi), "<i8")
 
 
 def is_packed(column: Any) -> bool:

@@ -92,7 +92,7 @@ def columns(dump: dict[str, Any]) -> dict[str, list[Any]]:
     """The entry columns as plain lists, decoded the way docs/dump-format.md tells any reader to:
     `{"values", "codes"}` columns expanded, schema 3's `templates` taken onto each entry through
     `entries.template`, left-out columns as their default (null for most)."""
-    cols = {k: plain(v) for k, v in dump["entries"].items()}  # schema 4: packed arrays unpacked
+    cols = {k: plain(v) for k, v in dump["entries"].items()}  # schemas 4 and 5: packed arrays unpacked
     n = len(cols["id"])
     templates = {k: plain(v) for k, v in (dump.get("templates") or {}).items()}
     which = cols.get("template", [])

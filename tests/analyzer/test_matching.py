@@ -98,8 +98,8 @@ def test_every_absent_rank_is_a_root_cause(world, data):
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_mismatch_scan_by_codes_agrees_with_nunique(data):
-    """The scattered min/max scan finds exactly the positions pandas' nunique finds (and the
-    fallback for keys that do not pack, seq near 2^62, finds the same)."""
+    """The code scan (all fields at once, then field by field) finds exactly the positions pandas'
+    nunique finds (and the fallback for keys that do not pack, seq near 2^62, finds the same)."""
     import numpy as np
     import pandas as pd
 
@@ -122,3 +122,25 @@ def test_mismatch_scan_by_codes_agrees_with_nunique(data):
     huge = pos.assign(seq=pos["seq"] * (1 << 61))
     assert {(g, s // (1 << 61), f, r) for g, s, f, r in
             ((m.group, m.seq, m.field, tuple(m.ranks)) for m in matching._collective_mismatches(huge))} == found
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_sorted_join_pairs_exactly_what_a_merge_pairs(data):
+    """pair_transfers' sort-and-search join gives pandas' inner merge, pairs in the same order;
+    it declines (the caller merges) when a key repeats on the searched side."""
+    import numpy as np
+    import pandas as pd
+
+    from analyzers.columns import _join_on_unique
+
+    left = np.array(data.draw(st.lists(st.integers(0, 15), max_size=30)), dtype=np.int64)
+    right = np.array(data.draw(st.lists(st.integers(0, 15), max_size=30, unique=data.draw(st.booleans()))), dtype=np.int64)
+    got = _join_on_unique(left, right)
+    if len(set(right.tolist())) < len(right):
+        assert got is None
+        return
+    merged = pd.DataFrame({"k": left, "l": np.arange(len(left))}).merge(
+        pd.DataFrame({"k": right, "r": np.arange(len(right))}), on="k")
+    assert got is not None
+    assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == list(zip(merged["l"], merged["r"], strict=True))

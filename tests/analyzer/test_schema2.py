@@ -25,7 +25,7 @@ def _report(a: analyzers.Analysis) -> dict:
     return report
 
 
-@pytest.mark.parametrize("schema", [2, 3, 4])
+@pytest.mark.parametrize("schema", [2, 3, 4, 5])
 @pytest.mark.parametrize("name", sorted(builders.SCENARIOS))
 def test_every_scenario_reads_the_same_in_every_schema(name: str, schema: int, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +34,9 @@ def test_every_scenario_reads_the_same_in_every_schema(name: str, schema: int, t
     folder = builders.SCENARIOS[name](tmp_path / f"v{schema}")
     some = json.loads(gzip.decompress(next(folder.glob("rank-*.json.gz")).read_bytes()))
     assert some["schema_version"] == schema and ("templates" in some) == (schema >= 3)
-    assert (some["entries"]["id"].get("encoding") == "delta") if schema == 4 else isinstance(some["entries"]["id"], list)
+    assert (some["entries"]["id"].get("encoding") == "delta") if schema >= 4 else isinstance(some["entries"]["id"], list)
+    if schema >= 4:  # ids step by 1: schema 5 packs them in one byte each, schema 4 in four
+        assert some["entries"]["id"]["dtype"] == ("<i1" if schema == 5 else "<i4")
     other = _load(folder)
     pd.testing.assert_frame_equal(one.entries, other.entries)
     assert _report(one) == _report(other)
@@ -174,7 +176,7 @@ def _v4_folder(tmp_path: Path, damage) -> Path:  # noqa: ANN001
     ("damage", "expected"),
     [
         (lambda cols: cols["seq"].__setitem__("dtype", "<f8"),
-         "bad entries: column 'seq' is packed with dtype '<f8' (expected one of <i4, <i8) or without hex data"),
+         "bad entries: column 'seq' is packed with dtype '<f8' (expected one of <i1, <i2, <i4, <i8) or without hex data"),
         (lambda cols: cols["seq"].__setitem__("data", "not hex!"), "bad entries: column 'seq' has packed data that is not hex"),
         (lambda cols: cols["seq"].__setitem__("data", "010000"), "bad entries: column 'seq' has 3 packed bytes, not a whole number of 4-byte values"),
         (lambda cols: cols["seq"].__setitem__("nulls", [99]), "bad entries: column 'seq' lists nulls that are not positions among its 3 values"),
@@ -200,8 +202,22 @@ def test_packed_columns_round_trip_nulls_and_64_bit_values() -> None:
     assert pack([2**63 - 1, -(2**63)]) == [2**63 - 1, -(2**63)]  # a difference past 64 bits: left plain
 
 
+@pytest.mark.parametrize(("step", "dtype"), [(1, "<i1"), (-128, "<i1"), (127, "<i1"), (128, "<i2"), (-129, "<i2"),
+                                             (32767, "<i2"), (40_000, "<i4"), (-(2**31), "<i4"), (2**31, "<i8")])
+def test_schema5_packs_each_column_in_its_narrowest_type(step: int, dtype: str) -> None:
+    from analyzers.columns import unpack
+    from flightrec.packed import pack, plain
+
+    values = [5, 5 + step, 5 + 2 * step, None, 5 + 3 * step]  # differences: 5 (the first), then `step`
+    packed = pack(values)
+    assert packed["dtype"] == dtype and len(packed["data"]) == 2 * 5 * int(dtype[-1])
+    assert plain(packed) == values
+    assert [None if pd.isna(v) else int(v) for v in unpack(packed, "x")] == values
+    assert pack(values, narrow=False)["dtype"] == ("<i8" if dtype == "<i8" else "<i4")  # schema 4's widths
+
+
 def test_the_documented_plain_reader_reads_what_the_recorder_writes(tmp_path: Path) -> None:
-    """docs/dump-format.md's standard-library snippet, run as written on a schema 4 dump."""
+    """docs/dump-format.md's standard-library snippet, run as written on a schema 5 dump."""
     import re
 
     from tests.helpers import columns
@@ -209,7 +225,7 @@ def test_the_documented_plain_reader_reads_what_the_recorder_writes(tmp_path: Pa
     text = (Path(__file__).parents[2] / "docs" / "dump-format.md").read_text()
     snippet = re.search(r"```python\n(import itertools.*?)```", text, re.S)
     assert snippet, "the plain-reader snippet is gone from docs/dump-format.md"
-    job = Job(3, schema=4)
+    job = Job(3, schema=5)
     for _ in range(4):
         job.collective("0", "all_reduce")
     job.send("0", 0, 1)

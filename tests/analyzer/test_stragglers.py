@@ -333,3 +333,21 @@ def test_a_qualifying_channel_stands_for_the_rank_over_a_worse_one_short_of_vote
     assert per.loc[2, "channel"] == "a" and per.loc[2, "late_ms_median"] == 1.0
     assert per.loc[2, "vote_share"] == 0.7 and per.loc[2, "channels"] == ["a"]
     assert per.loc[2, "score"] >= 3.5
+
+
+def test_channels_number_like_a_full_group_by() -> None:
+    """_channels hashes only the transfers' rows; it must number every row exactly as a group-by
+    over (group, direction, peer) of all rows does, in order of first appearance."""
+    from analyzers.columns import first_rows, group_ids
+    from analyzers.stragglers import _channels
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 50, 2000):
+        group_code = rng.integers(0, 6, n)
+        is_p2p = rng.random(n) < 0.3
+        direction = np.where(is_p2p, rng.integers(1, 3, n), 0).astype(np.int8)
+        peer = np.where(is_p2p, rng.integers(0, 5, n), -1)
+        channel, first = _channels(group_code, direction, peer, np.flatnonzero(is_p2p), 6)
+        expected = group_ids([group_code, direction, peer]) if n else np.zeros(0, dtype=np.int64)
+        assert channel.tolist() == expected.tolist()
+        assert first.tolist() == (first_rows(expected).tolist() if n else [])

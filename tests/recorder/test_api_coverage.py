@@ -138,7 +138,7 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     # re-read one raw dump for the header fields
     out = next(tmp_path_factory.getbasetemp().glob("coverage-*"))
     dump = load_dump(out, 2)
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 4
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 5
     assert dump["rank"] == 2 and dump["world_size"] == WORLD and dump["backends"] == ["gloo"]
     assert dump["reason"] == "api:coverage"
     groups = {g["name"]: g for g in dump["groups"]}
@@ -147,7 +147,7 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     assert sub and sub[0]["rank_in_group"] == 1
     assert dump["clock"]["wall_ns"] > dump["clock"]["mono_ns"] > 0
     assert any(t["is_main"] for t in dump["threads"])
-    # schema 4: every integer column of `entries` (and the codes of its coded columns) is packed
+    # schemas 4 and 5: every integer column of `entries` (and the codes of its coded columns) is packed
     assert all(is_packed(v) or is_packed(v.get("codes")) for v in dump["entries"].values())
     raw = {k: plain(v) for k, v in dump["entries"].items()}
     templates = dump["templates"]
