@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import sources
-from .columns import Columns, concat_columns, slim, take_rows, to_frame
+from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .rankdump import FileProblem, RankDump
 from .read import read_path
@@ -87,19 +87,24 @@ class Batch:
 def read_batch(names: list[str]) -> Batch:
     """Read `names` (in a worker process) and merge their entries into one table."""
     shared = SharedMembers()
-    results = [shared(read_path(n)) for n in names]
-    parts: list[Columns] = []
+    results = [shared(read_path(n, lazy=True)) for n in names]
+    parts: list[Columns | Templated] = []
     spans: dict[int, tuple[int, int]] = {}
     start = 0
     for i, result in enumerate(results):
         if isinstance(result, RankDump):
-            rows = len(result.entries["id"])
+            rows = len(result.entries) if isinstance(result.entries, Templated) else len(result.entries["id"])
             spans[i] = (start, start + rows)
             start += rows
             parts.append(result.entries)
             result.entries = {}
-    table = slim(concat_columns(parts, consume=True, trim=False)) if parts else None  # a worker's heap is short-lived
-    return Batch(results, table, spans)
+    if not parts:
+        return Batch(results, None, spans)
+    if all(isinstance(p, Templated) for p in parts):  # flightrec dumps of schema 3 on: templates taken on at once
+        table = expand_batch(parts)  # type: ignore[arg-type]
+    else:  # other formats among them: each expanded alone, rows kept in file order
+        table = concat_columns([expand_batch([p]) if isinstance(p, Templated) else p for p in parts], consume=True, trim=False)
+    return Batch(results, slim(table), spans)  # a worker's heap is short-lived
 
 
 def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None) -> list[Batch]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .columns import Columns
+from .columns import Columns, Templated
 
 
 class DumpError(Exception):
@@ -33,7 +33,7 @@ class RankDump:
     rank: int
     file: str
     fmt: str
-    entries: Columns  # normalised columns (see columns.py); emptied once merged into the table
+    entries: Columns | Templated  # normalised columns (see columns.py), or Templated from a lazy read; emptied once merged
     groups: list[GroupInfo] = field(default_factory=list)
     threads: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)

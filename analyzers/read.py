@@ -42,19 +42,20 @@ def rank_from_name(name: str) -> int | None:
     return rank if rank is not None and rank < MAX_RANKS else None  # a date or an id, not a rank
 
 
-def read_path(path: str) -> RankDump | FileProblem:
-    """Read and normalise one local file; a problem (never an exception) when it cannot be used."""
-    return read_with(os.path.basename(path), lambda: _file_bytes(path))
+def read_path(path: str, lazy: bool = False) -> RankDump | FileProblem:
+    """Read and normalise one local file; a problem (never an exception) when it cannot be used.
+    `lazy`: a flightrec dump's entries may come back as `columns.Templated` (see read_flightrec.parse)."""
+    return read_with(os.path.basename(path), lambda: _file_bytes(path), lazy)
 
 
-def read_with(name: str, fetch: Callable[[], bytes]) -> RankDump | FileProblem:
+def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> RankDump | FileProblem:
     """Normalise the bytes `fetch` returns (a local file, an fsspec object); problems become FileProblem."""
     hint = rank_from_name(name)
     paused = gc.isenabled()
     if paused:  # decoding makes ~10^5 containers per dump: the cyclic GC would rescan them all, twice as slow
         gc.disable()
     try:
-        return _read(fetch, name, hint)
+        return _read(fetch, name, hint, lazy)
     except DumpError as exc:
         return FileProblem(file=name, reason=str(exc), rank=hint)
     except MemoryError:
@@ -75,7 +76,7 @@ def _file_bytes(path: str) -> bytes:
         return fh.read()
 
 
-def _read(fetch: Callable[[], bytes], name: str, hint: int | None) -> RankDump:
+def _read(fetch: Callable[[], bytes], name: str, hint: int | None, lazy: bool) -> RankDump:
     try:
         data = fetch()
     except OSError as exc:
@@ -84,7 +85,7 @@ def _read(fetch: Callable[[], bytes], name: str, hint: int | None) -> RankDump:
         raise DumpError("empty file")
     obj, how = _decode(data)
     if read_flightrec.is_flightrec(obj):
-        return read_flightrec.parse(obj, name, hint)
+        return read_flightrec.parse(obj, name, hint, lazy)
     if read_torch_fr.is_torch_fr(obj):
         return read_torch_fr.parse(obj, name, hint, FMT_TORCH_PICKLE if how == "pickle" else FMT_TORCH_JSON)
     if isinstance(obj, dict) and "format" in obj:

@@ -17,12 +17,15 @@ import numpy as np
 
 from .columns import (
     Coded,
+    Columns,
+    Templated,
     decode_schema2,
     dtype_text,
     encode,
     expand_templates,
     finish_columns,
     recode,
+    split_templates,
     text_column,
     unpack,
 )
@@ -59,8 +62,10 @@ def is_flightrec(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == FORMAT_TAG
 
 
-def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
-    """Validate and normalise one decoded flightrec dump."""
+def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = False) -> RankDump:
+    """Validate and normalise one decoded flightrec dump. `lazy`: from schema 3 on, leave the
+    entries as `Templated` (template columns not yet taken onto them) for a reader that expands a
+    batch of ranks at once (columns.expand_batch)."""
     version = obj.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise DumpError(f"flightrec dump without an integer schema_version (got {version!r})")
@@ -88,18 +93,25 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None) -> RankDump:
     if missing and n:
         raise DumpError(f"entries lack column(s) {', '.join(missing)}")
     try:
-        if version >= 3:
-            decoded = expand_templates(cols, templates, n)
+        entries: Columns | Templated
+        if version >= 3 and lazy:
+            per_entry, table, which, count = split_templates(cols, templates, n)
+            lengths = {len(v) for v in per_entry.values() if v is not None and not np.isscalar(v)} | ({n} if table else set())
+            if len(lengths) > 1:  # as finish_columns says it
+                raise ValueError(f"entry columns have different lengths {sorted(lengths)}")
+            entries = Templated(rank, n, _normalise(per_entry), _normalise(table), which, count)
+        elif version >= 3:
+            entries = finish_columns(_normalise(expand_templates(cols, templates, n)), rank)
         else:
-            decoded = decode_schema2(cols, n) if version >= 2 else cols
-        entries = finish_columns(_normalise(decoded), rank)
+            entries = finish_columns(_normalise(decode_schema2(cols, n) if version >= 2 else cols), rank)
     except (ValueError, TypeError, IndexError) as exc:
         raise DumpError(f"bad entries: {exc}") from None
 
     groups = [_group(g) for g in obj.get("groups") or [] if isinstance(g, dict) and "name" in g]
     meta = {k: obj.get(k) for k in META_FIELDS}
     meta["version"] = f"flightrec {obj.get('flightrec_version')} schema {version}"
-    meta["first_id"] = int(entries["id"][0]) if len(entries["id"]) else None
+    first_ids = (entries.cols if isinstance(entries, Templated) else entries).get("id")
+    meta["first_id"] = int(first_ids[0]) if first_ids is not None and len(first_ids) else None
     clock = obj.get("clock") if isinstance(obj.get("clock"), dict) else {}
     if isinstance(clock.get("wall_ns"), int) and isinstance(clock.get("mono_ns"), int):
         meta["wall_offset_ns"] = clock["wall_ns"] - clock["mono_ns"]  # entry times are monotonic

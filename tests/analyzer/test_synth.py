@@ -96,3 +96,23 @@ def test_numpy_packing_is_the_recorders_byte_for_byte() -> None:
             nulls = rng.random(n) < 0.3
             plain_list = [None if null else int(v) for v, null in zip(values.tolist(), nulls.tolist(), strict=True)]
             assert json.loads(synth._packed(values, nulls)) == pack(plain_list)
+
+
+def test_a_reader_batch_builds_the_table_each_file_builds(tmp_path: Path) -> None:
+    """The pool's readers take the template columns of a whole batch onto its entries at once
+    (columns.expand_batch); the table must be exactly the one each file's own reading gives, also
+    when a batch mixes in another format."""
+    import pandas as pd
+
+    from analyzers import loader, read
+    from analyzers.columns import concat_columns, to_frame
+
+    ours = synth.write_folder(tmp_path / "fr", 16, 120, "straggler", "flightrec")
+    theirs = synth.write_folder(tmp_path / "torch", 16, 120, "straggler", "torch")
+    files = [str(p) for p in sorted(ours.glob("rank-*"))]
+    mixed = files[:5] + [str(theirs / "nccl_trace_rank_5")] + files[6:]
+    for names in (files, mixed):
+        batch = loader.read_batch(names)
+        assert batch.table is not None and len(batch.spans) == len(names)
+        each = [read.read_path(n).entries for n in names]
+        pd.testing.assert_frame_equal(to_frame(concat_columns([batch.table])), to_frame(concat_columns(each)))
