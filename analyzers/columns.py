@@ -331,7 +331,7 @@ _PACKED_DTYPES = {name: np.dtype(name) for name in ("<i1", "<i2", "<i4", "<i8")}
 
 
 def unpack(column: dict[str, Any], name: str) -> Any:
-    """A schema 4 packed integer column (flightrec/packed.py) as int64, in a few numpy calls:
+    """A packed integer column (schemas 4 and 5) (flightrec/packed.py) as int64, in a few numpy calls:
     hex bytes of little-endian differences, summed; `nulls` positions masked (an Int64 array)."""
     dtype = _PACKED_DTYPES.get(column.get("dtype"))  # type: ignore[arg-type]
     data = column.get("data")

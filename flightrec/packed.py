@@ -1,4 +1,4 @@
-"""Integer columns of a dump packed as hex deltas (schema 4, docs/dump-format.md).
+"""Integer columns of a dump packed as hex deltas (schemas 4 and 5, docs/dump-format.md).
 
 Why: a 2,000-entry dump is mostly integers (ids, sequence numbers, nanosecond timestamps). As JSON
 numbers every reader must parse each one into a Python int and then copy it into an array: at
