@@ -249,15 +249,6 @@ def decode_schema2(cols: dict[str, Any], n: int) -> Columns:
     return out
 
 
-def expand_templates(cols: dict[str, Any], templates: dict[str, Any], n: int) -> Columns:
-    """Schema 3: `templates` columns (one row per distinct op) taken onto each entry through the
-    `entries.template` codes; the result is the same columns as a schema 2 dump decodes to."""
-    out, table, which, count = split_templates(cols, templates, n)
-    for name, value in table.items():
-        out[name] = _take_template(name, value, which, count)
-    return out
-
-
 def split_templates(cols: dict[str, Any], templates: dict[str, Any], n: int) -> tuple[Columns, Columns, np.ndarray, int]:
     """Schema 3, checked and decoded but not yet taken onto the entries: the per-entry columns, the
     template columns (`count` rows each), and each entry's template row (`which`)."""
@@ -309,22 +300,6 @@ def _decode_templates(templates: dict[str, Any], count: int) -> Columns:
             _TEMPLATE_MEMO[key] = value
         out[name] = value
     return out
-
-
-def _take_template(name: str, value: Any, which: np.ndarray, count: int) -> Any:
-    """One template column (`count` rows) onto the entries (`which`: each entry's template)."""
-    if isinstance(value, Coded):
-        return Coded(value.codes[which], value.cats)
-    if name in INT_COLUMNS:
-        return _int_column(value, _INT_DEFAULTS[name])[which]
-    if name in BOOL_COLUMNS:
-        return _bool_column(value, count)[which]
-    if name in NULLABLE_INT_COLUMNS:
-        return nullable_ints(value, count)[which]
-    table = np.empty(count, dtype=object)
-    for i, v in enumerate(value):  # a few dozen rows; nested lists must stay one object each
-        table[i] = v
-    return table[which]
 
 
 _PACKED_DTYPES = {name: np.dtype(name) for name in ("<i1", "<i2", "<i4", "<i8")}  # <i1, <i2: schema 5
@@ -468,7 +443,7 @@ _BOOLS = frozenset((True, False))
 def _bool_column(raw: Any, n: int) -> np.ndarray:
     if raw is None:
         return np.zeros(n, dtype=bool)
-    if isinstance(raw, np.ndarray) and raw.dtype == bool:  # taken from a template column already
+    if isinstance(raw, np.ndarray) and raw.dtype == bool:  # already a bool array (nothing to convert)
         return raw
     if isinstance(raw, list):
         try:

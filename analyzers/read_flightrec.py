@@ -22,7 +22,7 @@ from .columns import (
     decode_schema2,
     dtype_text,
     encode,
-    expand_templates,
+    expand_batch,
     finish_columns,
     recode,
     split_templates,
@@ -94,14 +94,14 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
         raise DumpError(f"entries lack column(s) {', '.join(missing)}")
     try:
         entries: Columns | Templated
-        if version >= 3 and lazy:
+        if version >= 3:  # one path: a lone file is a batch of one
             per_entry, table, which, count = split_templates(cols, templates, n)
             lengths = {len(v) for v in per_entry.values() if v is not None and not np.isscalar(v)} | ({n} if table else set())
             if len(lengths) > 1:  # as finish_columns says it
                 raise ValueError(f"entry columns have different lengths {sorted(lengths)}")
             entries = Templated(rank, n, _normalise(per_entry), _normalise(table), which, count)
-        elif version >= 3:
-            entries = finish_columns(_normalise(expand_templates(cols, templates, n)), rank)
+            if not lazy:
+                entries = expand_batch([entries])
         else:
             entries = finish_columns(_normalise(decode_schema2(cols, n) if version >= 2 else cols), rank)
     except (ValueError, TypeError, IndexError) as exc:
