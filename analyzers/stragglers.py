@@ -202,19 +202,19 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
     rank = take(ops["rank"].to_numpy())
     seq = take(ops["seq"].to_numpy())
     p2p = np.flatnonzero(is_p2p)  # transfers: (group, src, dst, seq), hashed over these rows only
+    # collectives: (group, seq), a small dense key space; all rows when there are no blocking
+    # transfers (the usual case), read in place instead of gathered
+    coll = np.flatnonzero(~is_p2p) if len(p2p) else slice(None)
+    instance = np.empty(len(is_p2p), dtype=np.int64)
+    coll_ids = dense_ids([group_code[coll], seq[coll]])
+    instance[coll] = coll_ids
+    offset = int(coll_ids.max()) + 1 if len(coll_ids) else 0
+    del coll, coll_ids
     if len(p2p):
-        instance = np.empty(len(usable), dtype=np.int64)
-        coll = np.flatnonzero(~is_p2p)  # collectives: (group, seq), a small dense key space
-        coll_ids = dense_ids([group_code[coll], seq[coll]])
-        instance[coll] = coll_ids
-        offset = int(coll_ids.max()) + 1 if len(coll_ids) else 0
-        del coll, coll_ids
         sends = is_send[p2p]
         src, dst = np.where(sends, rank[p2p], peer[p2p]), np.where(sends, peer[p2p], rank[p2p])
         instance[p2p] = offset + dense_ids([group_code[p2p], src, dst, seq[p2p]])
         del sends, src, dst
-    else:  # collectives only (blocking transfers are rare): no row subsets to gather
-        instance = dense_ids([group_code, seq])
     del rank, seq  # tens of millions of rows: each temporary goes once it has served
     names = np.asarray(ops["group"].cat.categories.astype(str))
     sizes = np.array([group_sizes.get(str(g), 0) for g in names], dtype="int64")
