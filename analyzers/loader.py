@@ -22,6 +22,7 @@ import pandas as pd
 from . import sources
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
+from .memory import reuse_freed_memory
 from .rankdump import FileProblem, RankDump
 from .read import read_path
 from .textutil import ranges
@@ -128,7 +129,7 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
     batches = [names[i:i + size] for i in range(0, len(names), size)]
     shared = SharedMembers()
     out = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=reuse_freed_memory) as pool:
         for batch in pool.map(read_batch, batches):
             for result in batch.results:
                 shared(result)
