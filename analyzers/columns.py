@@ -81,6 +81,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 WIDENED_COLUMNS = ("rank", *INT_COLUMNS)  # int64 in the table, sent between processes in 32 bits when they fit
 _INT32_MIN, _INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 _INT_DEFAULTS = {"id": 0, "seq": -1, "pg_seq": -1, "peer": -1, "root": -1, "unit": -1}
 _TEXT = np.frompyfunc(str, 1, 1)
 
@@ -306,8 +307,9 @@ _PACKED_DTYPES = {name: np.dtype(name) for name in ("<i1", "<i2", "<i4", "<i8")}
 
 
 def unpack(column: dict[str, Any], name: str) -> Any:
-    """A packed integer column (schemas 4 and 5) (flightrec/packed.py) as int64, in a few numpy calls:
-    hex bytes of little-endian differences, summed; `nulls` positions masked (an Int64 array)."""
+    """A packed integer column (schemas 4 to 6) (flightrec/packed.py) as int64, in a few numpy calls:
+    hex bytes of little-endian differences, summed from `start` (schema 6; 0 before); `nulls`
+    positions masked (an Int64 array)."""
     dtype = _PACKED_DTYPES.get(column.get("dtype"))  # type: ignore[arg-type]
     data = column.get("data")
     if dtype is None or not isinstance(data, str):
@@ -319,7 +321,12 @@ def unpack(column: dict[str, Any], name: str) -> Any:
         raise ValueError(f"column {name!r} has packed data that is not hex") from None
     if len(raw) % dtype.itemsize:
         raise ValueError(f"column {name!r} has {len(raw)} packed bytes, not a whole number of {dtype.itemsize}-byte values")
+    start = column.get("start", 0)
+    if type(start) is not int or not _INT64_MIN <= start <= _INT64_MAX:
+        raise ValueError(f"column {name!r} has a packed start {str(start)[:24]!r} that is not a 64-bit integer")
     values = np.cumsum(np.frombuffer(raw, dtype=dtype), dtype=np.int64)
+    if start:
+        values += start
     nulls = column.get("nulls")
     if not nulls:
         return values

@@ -1,4 +1,4 @@
-"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 5).
+"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 6).
 
 Why: the dump is already column-oriented, so it becomes a DataFrame without a per-entry Python loop;
 this module only validates the top level and turns lists (shapes, dtypes) into comparable text.
@@ -6,7 +6,8 @@ Schema 2 stores text columns dictionary-encoded, so that text is made once per d
 the codes go straight into numpy (about 5x less work per file than schema 1's lists of values);
 schema 3 stores each distinct op once in `templates`, which halves it again; schema 4 packs the
 integer columns into hex strings, so their numbers are never Python ints at all; schema 5 packs
-each in the narrowest integer type that holds it.
+each in the narrowest integer type that holds it; schema 6 counts a column's differences from its
+first value, so that a large first value (a timestamp) does not widen the whole column.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .entry import Entry, to_tables
 from .recorder import Recorder
 from .stacks import all_thread_stacks
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 FORMAT = "flightrec-dump"
 
 

@@ -180,7 +180,7 @@ def _template_key(e: Entry) -> tuple[Any, ...]:
 
 def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False) -> dict[str, Any]:
     """Numbers as arrays, text and shape columns dictionary-encoded, optional columns left out when
-    all null or all at their default. `packed`: integer arrays and codes as hex deltas in their narrowest type (schema 5)."""
+    all null or all at their default. `packed`: integer arrays and codes as hex deltas from their first value, in their narrowest type (schema 6)."""
     columns: dict[str, Any] = {}
     for name in names:
         coded = _CODED.get(name)

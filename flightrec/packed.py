@@ -7,7 +7,9 @@ that a reader turns into an array in one call, and the differences between neigh
 1, timestamps by microseconds) compress better than the numbers themselves. Hex, not base64:
 Python decodes it ~2.5x faster and, gzipped, it is no bigger (measured on the 16k synthetic dumps).
 Each column in the narrowest integer type its differences fit (schema 5): half as much text to
-inflate and decode as schema 4's 4 or 8 bytes per value.
+inflate and decode as schema 4's 4 or 8 bytes per value. Schema 6 counts the differences from the
+column's first value (`start`) instead of from 0: a timestamp (~10^11 ns after boot) or an id in
+the millions no longer forces its whole column into 8 or 4 bytes for the sake of its first entry.
 
 Standard library only: the recorder packs inside training processes, and `unpack` lets any script
 read a dump without numpy.
@@ -31,25 +33,27 @@ def packable(values: list[Any]) -> bool:
     return all(type(v) is int or v is None for v in values) and any(v is not None for v in values)
 
 
-def pack(values: list[int | None], narrow: bool = True) -> dict[str, Any] | list[int | None]:
-    """`{"encoding": "delta", "dtype": "<i1"|"<i2"|"<i4"|"<i8", "data": hex, "nulls": [positions]}`.
+def pack(values: list[int | None], narrow: bool = True, start: bool = True) -> dict[str, Any] | list[int | None]:
+    """`{"encoding": "delta", "dtype": "<i1"|"<i2"|"<i4"|"<i8", "start": int, "data": hex, "nulls": [positions]}`.
 
-    data holds each value minus the one before it (the first minus 0), little-endian, in the
-    narrowest of those types that holds every difference (schema 5; ids step by 1: one byte); a null is
-    stored as a difference of 0 and listed in `nulls` (left out when there are none). Values whose
-    differences do not fit 64 bits stay a plain array, which every reader also takes. `narrow=False`
-    writes schema 4's 32 or 64 bits (for tests of old dumps).
+    data holds each value minus the one before it (the first minus `start`, the first value: 0),
+    little-endian, in the narrowest of those types that holds every difference (ids step by 1: one
+    byte); a null is stored as a difference of 0 and listed in `nulls` (left out when there are
+    none). Values whose differences do not fit 64 bits stay a plain array, which every reader also
+    takes. For tests of old dumps: `start=False` writes schema 5 (no `start`: the first difference
+    is from 0), and `narrow=False` too schema 4 (32 or 64 bits only).
     """
     nulls = [i for i, v in enumerate(values) if v is None]
+    first = next((v for v in values if v is not None), 0) if start else 0
     if nulls:
         filled: list[int] = []
-        last = 0
+        last = first  # a null repeats the value before it (a leading null: `start`)
         for v in values:
             last = last if v is None else v
             filled.append(last)
     else:
         filled = values  # type: ignore[assignment]
-    deltas = [b - a for a, b in zip([0, *filled], filled, strict=False)]
+    deltas = [b - a for a, b in zip([first, *filled], filled, strict=False)]
     dtype = narrowest(min(deltas), max(deltas)) if deltas else "<i1"
     if not narrow:  # schema 4's writer: 4 or 8 bytes per value
         dtype = "<i8" if dtype == "<i8" else "<i4"
@@ -60,6 +64,8 @@ def pack(values: list[int | None], narrow: bool = True) -> dict[str, Any] | list
     if sys.byteorder == "big":
         data.byteswap()
     column: dict[str, Any] = {"encoding": ENCODING, "dtype": dtype, "data": data.tobytes().hex()}
+    if start:
+        column["start"] = first
     if nulls:
         column["nulls"] = nulls
     return column
@@ -80,7 +86,7 @@ def unpack(column: dict[str, Any]) -> list[int | None]:
     data.frombytes(bytes.fromhex(column["data"]))
     if sys.byteorder == "big":
         data.byteswap()
-    values: list[int | None] = list(accumulate(data))
+    values: list[int | None] = list(accumulate(data, initial=column.get("start", 0)))[1:]
     for i in column.get("nulls") or ():
         values[i] = None
     return values

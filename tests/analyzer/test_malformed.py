@@ -64,10 +64,10 @@ def test_invalid_json(tmp_path):
 def test_wrong_schema_version(tmp_path):
     job = Job(2)
     job.collective("0", "all_reduce")
-    job.set(1, schema_version=6)
+    job.set(1, schema_version=7)
     folder = job.write(tmp_path / "d")
     report = analyzers.load(folder).report()
-    assert _unreadable(report) == {"rank-00001.json.gz": "unsupported flightrec schema_version 6 (this analyzer reads 1, 2, 3, 4 and 5)"}
+    assert _unreadable(report) == {"rank-00001.json.gz": "unsupported flightrec schema_version 7 (this analyzer reads 1, 2, 3, 4, 5 and 6)"}
     assert report["ranks"]["unreadable"] == [1]
 
 

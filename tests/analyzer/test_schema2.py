@@ -25,7 +25,7 @@ def _report(a: analyzers.Analysis) -> dict:
     return report
 
 
-@pytest.mark.parametrize("schema", [2, 3, 4, 5])
+@pytest.mark.parametrize("schema", [2, 3, 4, 5, 6])
 @pytest.mark.parametrize("name", sorted(builders.SCENARIOS))
 def test_every_scenario_reads_the_same_in_every_schema(name: str, schema: int, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,8 +35,9 @@ def test_every_scenario_reads_the_same_in_every_schema(name: str, schema: int, t
     some = json.loads(gzip.decompress(next(folder.glob("rank-*.json.gz")).read_bytes()))
     assert some["schema_version"] == schema and ("templates" in some) == (schema >= 3)
     assert (some["entries"]["id"].get("encoding") == "delta") if schema >= 4 else isinstance(some["entries"]["id"], list)
-    if schema >= 4:  # ids step by 1: schema 5 packs them in one byte each, schema 4 in four
-        assert some["entries"]["id"]["dtype"] == ("<i1" if schema == 5 else "<i4")
+    if schema >= 4:  # ids step by 1: schemas 5 and 6 pack them in one byte each, schema 4 in four
+        assert some["entries"]["id"]["dtype"] == ("<i1" if schema >= 5 else "<i4")
+        assert ("start" in some["entries"]["id"]) == (schema >= 6)
     other = _load(folder)
     pd.testing.assert_frame_equal(one.entries, other.entries)
     assert _report(one) == _report(other)
@@ -182,6 +183,8 @@ def _v4_folder(tmp_path: Path, damage) -> Path:  # noqa: ANN001
         (lambda cols: cols["seq"].__setitem__("nulls", [99]), "bad entries: column 'seq' lists nulls that are not positions among its 3 values"),
         (lambda cols: cols["seq"].__setitem__("data", "0100000001000000"), "bad entries: entry columns have different lengths [2, 3]"),
         (lambda cols: cols["state"]["codes"].__setitem__("data", "070000000000000000000000"), "bad entries: column 'state' has codes outside its 1 values"),
+        (lambda cols: cols["seq"].__setitem__("start", "7"), "bad entries: column 'seq' has a packed start '7' that is not a 64-bit integer"),
+        (lambda cols: cols["seq"].__setitem__("start", 2**63), "bad entries: column 'seq' has a packed start '9223372036854775808' that is not"),
         (lambda cols: cols.__setitem__("seq", {"encoding": "zstd", "data": ""}),
          "entries column(s) seq are not arrays, packed arrays or {values, codes} objects"),
     ],
@@ -216,8 +219,26 @@ def test_schema5_packs_each_column_in_its_narrowest_type(step: int, dtype: str) 
     assert pack(values, narrow=False)["dtype"] == ("<i8" if dtype == "<i8" else "<i4")  # schema 4's widths
 
 
-def test_the_documented_plain_reader_reads_what_the_recorder_writes(tmp_path: Path) -> None:
-    """docs/dump-format.md's standard-library snippet, run as written on a schema 5 dump."""
+@pytest.mark.parametrize("first", [0, 10**6, 89_860_805_673, -(2**40)])
+def test_schema6_counts_differences_from_the_first_value(first: int) -> None:
+    """A large first value (a timestamp, an id in the millions) no longer widens its column: schema 5
+    counted the first difference from 0."""
+    from analyzers.columns import unpack
+    from flightrec.packed import pack, plain
+
+    values = [None, first, first + 3, None, first + 40_000, first - 2]
+    packed = pack(values)
+    assert packed["start"] == first and packed["dtype"] == "<i4" and packed["data"][:8] == "00000000"
+    assert plain(packed) == values
+    assert [None if pd.isna(v) else int(v) for v in unpack(packed, "x")] == values
+    old = pack(values, start=False)  # schema 5: no start, the first difference is the first value
+    assert "start" not in old and old["dtype"] == ("<i4" if abs(first) < 2**31 - 40_000 else "<i8")
+    assert [None if pd.isna(v) else int(v) for v in unpack(old, "x")] == values
+
+
+@pytest.mark.parametrize("schema", [5, 6])
+def test_the_documented_plain_reader_reads_what_the_recorder_writes(tmp_path: Path, schema: int) -> None:
+    """docs/dump-format.md's standard-library snippet, run as written on a schema 6 dump (and a 5)."""
     import re
 
     from tests.helpers import columns
@@ -225,7 +246,7 @@ def test_the_documented_plain_reader_reads_what_the_recorder_writes(tmp_path: Pa
     text = (Path(__file__).parents[2] / "docs" / "dump-format.md").read_text()
     snippet = re.search(r"```python\n(import itertools.*?)```", text, re.S)
     assert snippet, "the plain-reader snippet is gone from docs/dump-format.md"
-    job = Job(3, schema=5)
+    job = Job(3, schema=schema)
     for _ in range(4):
         job.collective("0", "all_reduce")
     job.send("0", 0, 1)

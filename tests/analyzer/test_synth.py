@@ -54,7 +54,7 @@ def test_layout_and_dump_shape(tmp_path: Path) -> None:
     files = sorted(folder.glob("rank-*.json.gz"))
     assert len(files) == 16
     dump = json.loads(gzip.decompress(files[5].read_bytes()))
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 5
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 6
     lengths = {len(v) for v in columns(dump).values()}
     assert lengths == {120}
     assert set(dump["entries"]) >= {"id", "seq", "state", "t_enqueue_ns", "template"}

@@ -138,7 +138,7 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     # re-read one raw dump for the header fields
     out = next(tmp_path_factory.getbasetemp().glob("coverage-*"))
     dump = load_dump(out, 2)
-    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 5
+    assert dump["format"] == "flightrec-dump" and dump["schema_version"] == 6
     assert dump["rank"] == 2 and dump["world_size"] == WORLD and dump["backends"] == ["gloo"]
     assert dump["reason"] == "api:coverage"
     groups = {g["name"]: g for g in dump["groups"]}
@@ -147,8 +147,12 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     assert sub and sub[0]["rank_in_group"] == 1
     assert dump["clock"]["wall_ns"] > dump["clock"]["mono_ns"] > 0
     assert any(t["is_main"] for t in dump["threads"])
-    # schemas 4 and 5: every integer column of `entries` (and the codes of its coded columns) is packed
+    # schemas 4 to 6: every integer column of `entries` (and the codes of its coded columns) is packed;
+    # 6: counted from its first value, so a timestamp (~10^11 ns after boot) does not widen its column
     assert all(is_packed(v) or is_packed(v.get("codes")) for v in dump["entries"].values())
+    enqueued = dump["entries"]["t_enqueue_ns"]
+    width = 2 * int(enqueued["dtype"][-1])  # hex digits per value
+    assert enqueued["start"] == plain(enqueued)[0] > 0 and int(enqueued["data"][:width], 16) == 0  # first difference: 0
     raw = {k: plain(v) for k, v in dump["entries"].items()}
     templates = dump["templates"]
     for table, rows in ((raw, len(raw["id"])), (templates, max(raw["template"]) + 1)):
