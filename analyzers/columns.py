@@ -617,6 +617,36 @@ def dense_ids(columns: list[np.ndarray]) -> np.ndarray:
     return number[key].astype(np.int64)
 
 
+PRESENCE_LIMIT = 1 << 28  # cells of a presence table (bytes): ~270 MB at most, freed at once
+
+
+def distinct_rows(columns: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+    """The distinct rows of the integer `columns`, sorted (first column first), as one array per
+    column; None when their packed key space is too large for a presence table.
+
+    Why: at 16k ranks the distinct (rank, group) pairs are ~100k among 30 million rows; marking
+    each row's packed key in a table of flags and reading the set flags back costs two passes
+    over the rows, where hashing them (`group_ids`) costs a hash table sized for all of them."""
+    if not len(columns[0]):
+        return [c[:0].astype(np.int64) for c in columns]
+    lows = [int(c.min()) for c in columns]
+    widths = [int(c.max()) - low + 1 for c, low in zip(columns, lows, strict=True)]
+    if int(np.prod(np.asarray(widths, dtype=np.float64))) > PRESENCE_LIMIT:
+        return None
+    key = pack_keys(columns)  # the same mixed radix, first column most significant
+    if key is None:
+        return None
+    present = np.zeros(int(np.prod(widths)), dtype=bool)
+    present[key] = True
+    del key
+    flat = np.flatnonzero(present)
+    out: list[np.ndarray] = []
+    for width, low in zip(reversed(widths), reversed(lows), strict=True):
+        out.append(flat % width + low)
+        flat //= width
+    return out[::-1]
+
+
 def ids_within_ranks(rank: np.ndarray, other: np.ndarray, sort: bool = False, pieces: int = 16) -> np.ndarray:
     """`group_ids([rank, other], sort)`. Rows sorted by rank (the usual case) are hashed a slice of
     ranks at a time, since a pair never spans two slices: one hash table over tens of millions of

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .columns import first_rows, ids_within_ranks
+from .columns import distinct_rows, first_rows, ids_within_ranks
 from .constants import MAX_RANKS
 from .rankdump import FileProblem, RankDump
 from .textutil import ranges
@@ -124,12 +124,16 @@ def _users(entries: pd.DataFrame) -> dict[str, tuple[int, ...]]:
     if entries.empty:
         return {}
     groups = pd.Categorical(entries["group"])
-    codes, ranks = groups.codes.astype(np.int64), entries["rank"].to_numpy()
+    codes, ranks = groups.codes, entries["rank"].to_numpy()
     known = codes >= 0
-    codes, ranks = codes[known], ranks[known]
-    first = first_rows(ids_within_ranks(ranks, codes))  # distinct (rank, group) pairs, hashed a slice of ranks at a time
-    order = np.lexsort((ranks[first], codes[first]))  # by group then rank: a few pairs per rank, not every entry
-    code_of, rank_of = codes[first][order], ranks[first][order]
+    if not bool(known.all()):
+        codes, ranks = codes[known], ranks[known]
+    pairs = distinct_rows([ranks, codes])  # distinct (rank, group) pairs, through a table of flags
+    if pairs is None:  # too many ranks x groups for one: hashed a slice of ranks at a time
+        first = first_rows(ids_within_ranks(ranks, codes.astype(np.int64)))
+        pairs = [ranks[first], codes[first].astype(np.int64)]
+    order = np.lexsort((pairs[0], pairs[1]))  # by group then rank: a few pairs per rank, not every entry
+    code_of, rank_of = pairs[1][order], pairs[0][order]
     bounds = np.flatnonzero(np.diff(code_of)) + 1
     out: dict[str, tuple[int, ...]] = {}
     for code, members in zip(code_of[np.r_[0, bounds]] if len(code_of) else [], np.split(rank_of, bounds), strict=False):

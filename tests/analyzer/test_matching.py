@@ -144,3 +144,26 @@ def test_sorted_join_pairs_exactly_what_a_merge_pairs(data):
         pd.DataFrame({"k": right, "r": np.arange(len(right))}), on="k")
     assert got is not None
     assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == list(zip(merged["l"], merged["r"], strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_distinct_rows_by_flags_are_the_sorted_distinct_rows(data):
+    """distinct_rows (a presence table over the packed key) gives pandas' sorted drop_duplicates,
+    negative values included; None when the key space is over its limit."""
+    import numpy as np
+    import pandas as pd
+
+    from analyzers import columns
+
+    n = data.draw(st.integers(0, 40))
+    a = np.array(data.draw(st.lists(st.integers(-3, 50), min_size=n, max_size=n)), dtype=np.int64)
+    b = np.array(data.draw(st.lists(st.integers(-1, 9), min_size=n, max_size=n)), dtype=np.int16)
+    got = columns.distinct_rows([a, b])
+    expected = pd.DataFrame({"a": a, "b": b}).drop_duplicates().sort_values(["a", "b"])
+    assert got is not None
+    assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == list(zip(expected["a"], expected["b"], strict=True))
+    if n >= 2:  # a key space over the limit: declined (the caller hashes instead)
+        wide = a.copy()
+        wide[0] = columns.PRESENCE_LIMIT * 2
+        assert columns.distinct_rows([wide, b]) is None
