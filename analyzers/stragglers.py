@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import Transfers, dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pair_transfers
+from .columns import Transfers, dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pack_keys, pair_transfers
 from .memory import release_free_memory
 
 MIN_SCORE = 3.5  # robust z-score a straggler must reach
@@ -342,7 +342,7 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
 def _median_with_zeros(key: np.ndarray, values: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Per key 0..k-1: the median of its `values` (all > 0) together with `n[key]` minus their
     count zeros. Only the few voting rows are sorted: the zeros are known to come first."""
-    order = np.lexsort((values, key))
+    order = _order_by(key, values)
     key, values = key[order], values[order]
     count = np.bincount(key, minlength=len(n))
     start = np.concatenate([[0], np.cumsum(count)[:-1]])
@@ -354,6 +354,14 @@ def _median_with_zeros(key: np.ndarray, values: np.ndarray, n: np.ndarray) -> np
         return np.where(inside, values[np.minimum(where, max(len(values) - 1, 0))] if len(values) else 0.0, 0.0)
 
     return (at((n - 1) // 2) + at(n // 2)) / 2
+
+
+def _order_by(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`np.lexsort((values, key))`. Lateness is whole nanoseconds: then both go into one int64 and
+    one argsort (~10x faster than lexsort's two passes over millions of votes at 16k ranks)."""
+    whole = bool(np.isfinite(values).all()) and bool((values == np.floor(values)).all()) if len(values) else False
+    packed = pack_keys([key, values.astype(np.int64)]) if whole and float(np.abs(values).max()) < 2.0**62 else None
+    return np.lexsort((values, key)) if packed is None else np.argsort(packed, kind="stable")
 
 
 def p2p_links(entries: pd.DataFrame, transfers: Transfers | None = None) -> pd.DataFrame:
@@ -409,7 +417,7 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
                                       "transfer_ms_median": round(float(row.transfer_ms), 3),
                                       "ratio": round(float(r), 2), "count": int(row.count)})
         result.slow_links.sort(key=lambda link: -link["ratio"])
-    instances = int(lateness["instance"].nunique()) if len(lateness) else 0
+    instances = int(lateness["instance"].max()) + 1 if len(lateness) else 0  # numbered 0..k-1 (_instances)
     if instances < MIN_INSTANCES:
         if instances:
             result.notes.append(f"only {instances} complete blocking ops have timing: too few to tell slow ranks "

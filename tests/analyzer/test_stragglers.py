@@ -351,3 +351,17 @@ def test_channels_number_like_a_full_group_by() -> None:
         expected = group_ids([group_code, direction, peer]) if n else np.zeros(0, dtype=np.int64)
         assert channel.tolist() == expected.tolist()
         assert first.tolist() == (first_rows(expected).tolist() if n else [])
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_packed_order_is_lexsorts(data):
+    """_order_by packs whole-nanosecond values with their key into one argsort: the same order as
+    lexsort, and lexsort itself for fractions, infinities or values too large to pack."""
+    from analyzers.stragglers import _order_by
+
+    n = data.draw(st.integers(0, 40))
+    key = np.array(data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), dtype=np.int64)
+    pool = st.sampled_from([0.0, 1.0, 3.0, 2.5, 1e15, 7e18, np.inf]) if data.draw(st.booleans()) else st.integers(0, 9).map(float)
+    values = np.array(data.draw(st.lists(pool, min_size=n, max_size=n)), dtype=np.float64)
+    assert _order_by(key, values).tolist() == np.lexsort((values, key)).tolist()
