@@ -504,10 +504,8 @@ def _int_column(values: Any, default: int) -> np.ndarray:
         return series.fillna(default).astype(np.int64).to_numpy()
 
 
-def _full(raw: Any, n: int, default: Any) -> Any:
-    if raw is None:
-        return np.full(n, default, dtype=np.int64) if isinstance(default, int) else [default] * n
-    return raw
+def _full(raw: Any, n: int, default: int) -> Any:
+    return np.full(n, default, dtype=np.int64) if raw is None else raw
 
 
 def concat_columns(parts: Sequence[Columns], consume: bool = False, trim: bool = True) -> Columns:
@@ -564,18 +562,26 @@ def concat_entries(parts: Sequence[Columns], consume: bool = False) -> pd.DataFr
     return to_frame(concat_columns(parts, consume))
 
 
-def pack_keys(columns: Sequence[np.ndarray]) -> np.ndarray | None:
+def column_range(column: np.ndarray) -> tuple[int, int]:
+    """(lowest value, number of values from lowest to highest) of an integer column; (0, 1) if empty."""
+    if not len(column):
+        return 0, 1
+    low = int(column.min())
+    return low, int(column.max()) - low + 1
+
+
+def pack_keys(columns: Sequence[np.ndarray], ranges: Sequence[tuple[int, int]] | None = None) -> np.ndarray | None:
     """One int64 per row that is equal exactly when every one of the integer `columns` is (mixed
-    radix over each column's range), or None when the ranges do not fit in 62 bits.
+    radix over each column's range, first column most significant), or None when the ranges do not
+    fit in 62 bits. `ranges`: each column's `column_range`, when the caller has them already.
 
     Why: grouping, factorising or sorting one int64 column is several times cheaper than doing it
     over several columns, and the analysis keys (rank, group code, seq, peer) are small integers.
     """
     key: np.ndarray | None = None
     span = 1
-    for column in columns:
-        low = int(column.min()) if len(column) else 0
-        width = (int(column.max()) - low + 1) if len(column) else 1
+    for i, column in enumerate(columns):
+        low, width = ranges[i] if ranges is not None else column_range(column)
         span *= width
         if span >= 1 << 62:
             return None
@@ -629,19 +635,17 @@ def distinct_rows(columns: Sequence[np.ndarray]) -> list[np.ndarray] | None:
     over the rows, where hashing them (`group_ids`) costs a hash table sized for all of them."""
     if not len(columns[0]):
         return [c[:0].astype(np.int64) for c in columns]
-    lows = [int(c.min()) for c in columns]
-    widths = [int(c.max()) - low + 1 for c, low in zip(columns, lows, strict=True)]
-    if int(np.prod(np.asarray(widths, dtype=np.float64))) > PRESENCE_LIMIT:
+    ranges = [column_range(c) for c in columns]
+    span = 1
+    for _, width in ranges:
+        span *= width  # Python ints: no overflow on the way to the limit
+    if span > PRESENCE_LIMIT:
         return None
-    key = pack_keys(columns)  # the same mixed radix, first column most significant
-    if key is None:
-        return None
-    present = np.zeros(int(np.prod(widths)), dtype=bool)
-    present[key] = True
-    del key
+    present = np.zeros(span, dtype=bool)
+    present[pack_keys(columns, ranges)] = True  # fits: span is far below 2**62
     flat = np.flatnonzero(present)
     out: list[np.ndarray] = []
-    for width, low in zip(reversed(widths), reversed(lows), strict=True):
+    for low, width in reversed(ranges):
         out.append(flat % width + low)
         flat //= width
     return out[::-1]

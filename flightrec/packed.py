@@ -1,4 +1,4 @@
-"""Integer columns of a dump packed as hex deltas (schemas 4 and 5, docs/dump-format.md).
+"""Integer columns of a dump packed as hex deltas (schemas 4 to 6, docs/dump-format.md).
 
 Why: a 2,000-entry dump is mostly integers (ids, sequence numbers, nanosecond timestamps). As JSON
 numbers every reader must parse each one into a Python int and then copy it into an array: at
@@ -25,6 +25,7 @@ from typing import Any
 ENCODING = "delta"
 # array typecodes of exactly 1, 2, 4 and 8 bytes on every CPython platform, narrowest first
 _TYPECODES = {"<i1": "b", "<i2": "h", "<i4": "i", "<i8": "q"}
+_INT64 = (-(2**63), 2**63 - 1)
 _RANGES = [(dtype, -(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1) for dtype, size in (("<i1", 1), ("<i2", 2), ("<i4", 4))]
 
 
@@ -45,6 +46,8 @@ def pack(values: list[int | None], narrow: bool = True, start: bool = True) -> d
     """
     nulls = [i for i, v in enumerate(values) if v is None]
     first = next((v for v in values if v is not None), 0) if start else 0
+    if not _INT64[0] <= first <= _INT64[1]:  # a `start` readers could not hold: the plain array
+        return values
     if nulls:
         filled: list[int] = []
         last = first  # a null repeats the value before it (a leading null: `start`)

@@ -203,6 +203,7 @@ def test_packed_columns_round_trip_nulls_and_64_bit_values() -> None:
         decoded = unpack(packed, "x") if values else []
         assert [None if pd.isna(v) else int(v) for v in decoded] == values
     assert pack([2**63 - 1, -(2**63)]) == [2**63 - 1, -(2**63)]  # a difference past 64 bits: left plain
+    assert pack([2**63 + 5, 2**63 + 6]) == [2**63 + 5, 2**63 + 6]  # a start past 64 bits: left plain too
 
 
 @pytest.mark.parametrize(("step", "dtype"), [(1, "<i1"), (-128, "<i1"), (127, "<i1"), (128, "<i2"), (-129, "<i2"),
