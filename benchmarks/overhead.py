@@ -101,6 +101,25 @@ def measure(block: int, blocks: int) -> dict[str, list[float]]:
                 fn.enabled = patched_wait.enabled = 1
         return run
 
+    from flightrec import fastpath, peek
+    from flightrec.entry import Entry
+    from flightrec.groups import GroupState
+    from flightrec.recorder import ThreadState
+
+    has_peek = has_c and peek.fastpath_capsule() is not None  # flightrec build-ext was run for this torch
+
+    def without_peek(loop, fn):  # noqa: ANN001, ANN202
+        """The C hot path reading tensors and the counter through torch's Python bindings instead."""
+        def run(f):  # noqa: ANN001, ANN202
+            fastpath._fastpath.configure(Entry, GroupState, ThreadState, None)
+            fast_reader, group.read_seq = group.read_seq, group.pg._get_sequence_number_for_group
+            try:
+                return loop(f)
+            finally:
+                group.read_seq = fast_reader
+                fastpath._fastpath.configure(Entry, GroupState, ThreadState, peek.fastpath_capsule())
+        return run
+
     for _ in range(5):  # warm up
         sync_loop(original), sync_loop(wrapped), async_loop(original), async_loop(wrapped)
     out: dict[str, list[float]] = {}
@@ -112,6 +131,10 @@ def measure(block: int, blocks: int) -> dict[str, list[float]]:
             order += [("sync_python", python_only(sync_loop, wrapped), wrapped),
                       ("async_python", python_only(async_loop, wrapped), wrapped),
                       ("bookkeeping_python", python_only(sync_loop, bookkeeping), bookkeeping)]
+        if has_peek:
+            order += [("sync_nopeek", without_peek(sync_loop, wrapped), wrapped),
+                      ("async_nopeek", without_peek(async_loop, wrapped), wrapped),
+                      ("bookkeeping_nopeek", without_peek(sync_loop, bookkeeping), bookkeeping)]
         if i % 2:
             order.reverse()
         for name, loop, fn in order:
@@ -225,6 +248,13 @@ def main() -> None:
               f"+{python['async']:.2f} us async, bookkeeping {med(v for r in own for v in r['bookkeeping_python']):.2f} us")
     else:
         print("the C hot path (flightrec/_fastpath.c) is not in use: these are the pure-Python figures")
+    if "sync_nopeek" in own[0]:
+        nopeek = {m: med(per_round("off", "nopeek", m)) for m in modes}
+        print(f"the C hot path without the torch reader (flightrec build-ext), A: +{nopeek['sync']:.2f} us sync, "
+              f"+{nopeek['async']:.2f} us async, bookkeeping (B) {med(v for r in own for v in r['bookkeeping_nopeek']):.2f} us")
+    else:
+        print("the torch reader (flightrec build-ext) is not built for this torch: tensors and counters are read "
+              "through torch's Python bindings")
     verdict = {True: "met", False: "NOT met"}
     print(f"target: sync added <= 5.00 us -> A {verdict[med(flightrec['sync']) <= 5.0]}, "
           f"B {verdict[med(alone['sync']) <= 5.0]}; no more than PyTorch's recorder adds (A) -> "

@@ -89,11 +89,30 @@ static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
 #define OFFSET(type, layout, field) \
     if (slot_offset(type, #field, &layout.field) < 0) return NULL;
 
+/* What flightrec/_torchpeek.cpp hands over, when built for the installed torch (flightrec/peek.py). */
+typedef struct {
+    int version;
+    int (*cpu_meta)(PyObject *tensor, int shape_as_tuple, PyObject **out); /* 1 read, 0 not CPU, -1 ask Python */
+} PeekApi;
+
+static const PeekApi *peek;
+
 static PyObject *configure(PyObject *module, PyObject *args)
 {
     PyTypeObject *entry, *group, *thread;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &entry, &PyType_Type, &group, &PyType_Type, &thread))
+    PyObject *peek_capsule = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!O!|O", &PyType_Type, &entry, &PyType_Type, &group, &PyType_Type, &thread,
+                          &peek_capsule))
         return NULL;
+    const PeekApi *peek_api = NULL;
+    if (peek_capsule != Py_None) {
+        peek_api = PyCapsule_GetPointer(peek_capsule, "flightrec._torchpeek.api");
+        if (peek_api == NULL) return NULL;
+        if (peek_api->version != 1) {
+            PyErr_Format(PyExc_ValueError, "flightrec._torchpeek API version %d, expected 1", peek_api->version);
+            return NULL;
+        }
+    }
     OFFSET(entry, E, id) OFFSET(entry, E, group) OFFSET(entry, E, seq) OFFSET(entry, E, pg_seq)
     OFFSET(entry, E, kind) OFFSET(entry, E, op) OFFSET(entry, E, api) OFFSET(entry, E, peer)
     OFFSET(entry, E, root) OFFSET(entry, E, reduce_op) OFFSET(entry, E, inputs) OFFSET(entry, E, outputs)
@@ -108,6 +127,7 @@ static PyObject *configure(PyObject *module, PyObject *args)
     Py_INCREF(entry); Py_XSETREF(entry_type, entry);
     Py_INCREF(group); Py_XSETREF(group_type, group);
     Py_INCREF(thread); Py_XSETREF(thread_type, thread);
+    peek = peek_api; /* the capsule's module stays imported (sys.modules) for the process's life */
     Py_RETURN_NONE;
 }
 
@@ -131,12 +151,14 @@ typedef struct {
     PyObject *site_code;  /* the last call site: its code, offset and (code, offset) tuple */
     int site_lasti;
     PyObject *site;
+    PyObject *last_pair, *last_meta; /* a lone tensor's (shape, dtype) and its 1-tuple, reused when the same */
 } Leaf;
 
 #define LEAF_OBJECTS(X) \
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
     X(tensor_type) X(by_work) X(polled) X(work_type) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
-    X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(tls_state) X(site_code) X(site)
+    X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(tls_state) X(site_code) X(site) \
+    X(last_pair) X(last_meta)
 
 static inline long long as_ll(PyObject *value, int *ok)
 {
@@ -159,18 +181,31 @@ static inline long long monotonic_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* A new tuple of immutable values, out of the garbage collector's sight: the ring keeps it for
+ * thousands of calls, long enough to be promoted to the oldest generation, whose collections then
+ * come more often and rescan every object of the process. Such a tuple cannot be part of a cycle. */
+static inline PyObject *untracked(PyObject *tuple)
+{
+    if (tuple != NULL) PyObject_GC_UnTrack(tuple);
+    return tuple;
+}
+
 /* (shape, dtype) of a CPU tensor (new ref), or NULL with no error set when it is not one. The shape
  * is kept as torch.Size for a lone tensor and as a tuple for a list item, as the Python path does. */
 static PyObject *shape_and_dtype(Leaf *self, PyObject *tensor, int shape_as_tuple)
 {
     PyObject *pair = NULL, *shape = NULL, *dtype = NULL;
+    if (peek != NULL) {
+        int read = peek->cpu_meta(tensor, shape_as_tuple, &pair);
+        if (read >= 0) return read ? pair : NULL;
+    }
     if (!PyObject_TypeCheck(tensor, (PyTypeObject *)self->tensor_type)) return NULL;
     PyObject *is_cpu = PyObject_GetAttr(tensor, s_is_cpu);
     if (is_cpu == NULL) goto done;
     Py_DECREF(is_cpu);
     if (is_cpu != Py_True || (shape = PyObject_GetAttr(tensor, s_shape)) == NULL) goto done;
-    if (shape_as_tuple) Py_SETREF(shape, PySequence_Tuple(shape));
-    if (shape != NULL && (dtype = PyObject_GetAttr(tensor, s_dtype)) != NULL) pair = PyTuple_Pack(2, shape, dtype);
+    if (shape_as_tuple) Py_SETREF(shape, untracked(PySequence_Tuple(shape)));
+    if (shape != NULL && (dtype = PyObject_GetAttr(tensor, s_dtype)) != NULL) pair = untracked(PyTuple_Pack(2, shape, dtype));
 done:
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
@@ -184,14 +219,25 @@ static int describe(Leaf *self, PyObject *value, PyObject **out)
 {
     if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) {
         PyObject *pair = shape_and_dtype(self, value, 0);
-        *out = pair ? PyTuple_Pack(1, pair) : NULL;
+        if (pair != NULL && pair == self->last_pair) {
+            *out = self->last_meta;
+            Py_INCREF(*out);
+        } else {
+            *out = pair ? untracked(PyTuple_Pack(1, pair)) : NULL;
+            if (*out != NULL) {
+                Py_INCREF(pair);
+                Py_XSETREF(self->last_pair, pair);
+                Py_INCREF(*out);
+                Py_XSETREF(self->last_meta, *out);
+            }
+        }
         Py_XDECREF(pair);
         PyErr_Clear();
         return *out != NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
     PyObject **items = PySequence_Fast_ITEMS(value);
-    PyObject *meta = PyTuple_New(n);
+    PyObject *meta = untracked(PyTuple_New(n)); /* filled with (shape, dtype) pairs only */
     for (Py_ssize_t i = 0; meta != NULL && i < n; i++) {
         PyObject *pair = shape_and_dtype(self, items[i], 1);
         if (pair == NULL) Py_CLEAR(meta);
@@ -628,7 +674,7 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
     }
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &config)) return -1;
 #define TAKE(field) if (strcmp(#field, "dict") && strcmp(#field, "tls_state") && strcmp(#field, "site_code") \
-                         && strcmp(#field, "site") && take(config, #field, &self->field) < 0) return -1;
+                         && strcmp(#field, "site") && strncmp(#field, "last_", 5) && take(config, #field, &self->field) < 0) return -1;
     LEAF_OBJECTS(TAKE)
 #undef TAKE
     Py_ssize_t flag;

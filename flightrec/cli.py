@@ -54,6 +54,26 @@ def dump_now(folder: str, reason: str) -> None:
     click.echo(f"requested a dump from every rank writing to {folder} ({path})")
 
 
+@main.command("build-ext")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder for the built file (default: next to the package, else ~/.cache/flightrec).")
+def build_ext(out: str | None) -> None:
+    """Build the recorder's reader of torch's C++ objects for the installed torch (~2 µs less per collective)."""
+    from pathlib import Path
+
+    from . import peek
+
+    existing = peek.find() if out is None else None
+    if existing is not None:
+        click.echo(f"already built for torch {peek.torch.__version__}: {existing}")
+        return
+    try:
+        path = peek.build(Path(out) if out else None)
+    except peek.BuildError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"built for torch {peek.torch.__version__}: {path}")
+
+
 @main.command("demo")
 @click.option("--out", default="./flightrec-demo", show_default=True, help="Dump folder.")
 @click.option("--ranks", default=4, show_default=True, help="World size.")

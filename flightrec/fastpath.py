@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from . import log
+from . import log, peek
 from .entry import Entry
 from .groups import GroupState
 from .ops import OpSpec
@@ -38,7 +38,7 @@ def available() -> bool:
         return False
     if not _configured:
         try:
-            _fastpath.configure(Entry, GroupState, ThreadState)
+            _fastpath.configure(Entry, GroupState, ThreadState, peek.fastpath_capsule())
         except Exception as exc:  # noqa: BLE001 - a layout it does not know: the Python path records
             log.warn_once("fastpath", f"C hot path unavailable, recording in Python: {exc!r}")
             return False

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import peek
 from .members import compact_ranks
 
 
@@ -38,7 +39,8 @@ class GroupState:
         self.received: dict[int, int] = {}
         self.busy = 0  # wrapped ops of this group in flight: their seq jumps are not C++ ops
         self.steps: dict[str, list[int]] = {}  # api -> [counter step per call, calls in a row] (recorder)
-        self.read_seq = pg._get_sequence_number_for_group  # the hot path calls this directly
+        # The hot path calls this directly; the built torch reader (peek.py) skips pybind's dispatch.
+        self.read_seq = peek.seq_reader(pg) or pg._get_sequence_number_for_group
         self.last_pg_seq = self.backend_seq()
         # Ops the group ran before we saw it are assumed to be collectives.
         self.coll_seq = max(self.last_pg_seq, 0)

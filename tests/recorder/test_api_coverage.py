@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec import fastpath
+from flightrec import fastpath, peek
 from flightrec.packed import is_packed, plain
 from tests.helpers import entries, load_dump, run_ranks
 from tests.recorder import workers
@@ -19,36 +19,48 @@ WORLD = 3
 VARYING = ("id", "t_enqueue_ns", "t_complete_ns", "unit")
 
 
+# mode -> (FLIGHTREC_FASTPATH, FLIGHTREC_TORCHPEEK, the wrappers and counter readers each rank reports)
+MODES = {
+    "peek": ("1", "1", "Leaf SeqReader"),  # C hot path reading torch's C++ objects (flightrec build-ext)
+    "c": ("1", "0", "Leaf method"),
+    "python": ("0", "0", "function method"),
+}
+
+
 @pytest.fixture(scope="module")
 def coverage_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The same job twice: with the C hot path (when built) and with FLIGHTREC_FASTPATH=0."""
+    """The same job three ways: C hot path with and without the built torch reader, and pure Python."""
     runs = {}
-    for mode in ("c", "python"):
-        if mode == "c" and not fastpath.available():
+    for mode, (fast, torchpeek, _) in MODES.items():
+        if mode != "python" and not fastpath.available():
+            continue
+        if mode == "peek" and peek.find() is None:
             continue
         out = tmp_path_factory.mktemp(f"coverage-{mode}")
         with pytest.MonkeyPatch.context() as env:
-            env.setenv("FLIGHTREC_FASTPATH", "1" if mode == "c" else "0")
+            env.setenv("FLIGHTREC_FASTPATH", fast)
+            env.setenv("FLIGHTREC_TORCHPEEK", torchpeek)
             run_ranks(workers.every_api, WORLD, str(out), timeout_s=90)
         runs[mode] = out
     return runs
 
 
-@pytest.fixture(scope="module", params=["c", "python"])
+@pytest.fixture(scope="module", params=list(MODES))
 def coverage_dumps(request: pytest.FixtureRequest, coverage_runs: dict[str, Path]) -> list[list[dict]]:
     if request.param not in coverage_runs:
-        pytest.skip("the C hot path is off or not built")
+        pytest.skip(f"{request.param}: the C hot path is off, or the torch reader not built")
     out = coverage_runs[request.param]
     wrappers = {(out / f"wrapper-{r}.txt").read_text() for r in range(WORLD)}
-    assert wrappers == ({"Leaf"} if request.param == "c" else {"function"})
+    assert wrappers == {MODES[request.param][2]}
     return [entries(load_dump(out, r)) for r in range(WORLD)]
 
 
-def test_c_and_python_hot_paths_record_the_same(coverage_runs: dict[str, Path]) -> None:
-    if "c" not in coverage_runs:
-        pytest.skip("the C hot path is off or not built")
+@pytest.mark.parametrize("mode", ["c", "peek"])
+def test_c_and_python_hot_paths_record_the_same(coverage_runs: dict[str, Path], mode: str) -> None:
+    if mode not in coverage_runs:
+        pytest.skip(f"{mode}: the C hot path is off, or the torch reader not built")
     for rank in range(WORLD):
-        c, python = (entries(load_dump(coverage_runs[mode], rank)) for mode in ("c", "python"))
+        c, python = (entries(load_dump(coverage_runs[m], rank)) for m in (mode, "python"))
         assert len(c) == len(python)
         for fast, slow in zip(c, python, strict=True):
             assert {k: v for k, v in fast.items() if k not in VARYING} == \

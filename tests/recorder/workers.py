@@ -60,8 +60,11 @@ def every_api(rank: int, world_size: int, port: int, out: str) -> None:
         dist.all_reduce(torch.ones(10), group=sub)
         dist.all_reduce(torch.ones(10), group=sub)
     flightrec.dump("coverage")
+    from flightrec import control
+
+    readers = {type(group.read_seq).__name__ for group in control._state.recorder.groups.by_pg.values() if group}
     with open(os.path.join(out, f"wrapper-{rank}.txt"), "w") as handle:  # which hot path recorded
-        handle.write(type(dist.all_reduce).__name__)
+        handle.write(f"{type(dist.all_reduce).__name__} {'+'.join(sorted(readers))}")
     dist.destroy_process_group()
 
 
@@ -206,4 +209,47 @@ def predicted_counter_steps(rank: int, world_size: int, port: int, out: str) -> 
     state = current().recorder.groups.get(world)
     assert state is not None and state.steps["all_reduce"][1] >= TRUST_AFTER, state.steps
     flightrec.dump("predicted")
+    dist.destroy_process_group()
+
+
+def seq_readers(rank: int, world_size: int, port: int, out: str) -> None:
+    """The built torch reader's counter against pybind's, after collectives, p2p ops and on a subgroup;
+    and the same error where a backend keeps no counter."""
+    import json
+
+    from flightrec import peek
+
+    init_rank(rank, world_size, port)
+    sub = dist.new_group([0, 1])
+    world = dist.group.WORLD
+    readers = {"world": (peek.seq_reader(world), world), "sub": (peek.seq_reader(sub), sub)}
+    pairs = []
+
+    def compare() -> None:
+        pairs.append({name: [reader(), pg._get_sequence_number_for_group()] for name, (reader, pg) in readers.items()})
+
+    compare()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    compare()
+    if rank == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    dist.all_reduce(t, group=sub, async_op=True).wait()
+    dist.barrier()
+    compare()
+    from torch.testing._internal.distributed import fake_pg  # registers the "fake" backend
+
+    assert fake_pg.FakeStore is not None
+
+    fake = dist.new_group([0, 1], backend="fake")  # a backend that keeps no counter
+    errors = {}
+    for name, read in (("reader", peek.seq_reader(fake)), ("pybind", fake._get_sequence_number_for_group)):
+        try:
+            errors[name] = repr(read())
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = type(exc).__name__
+    with open(os.path.join(out, f"seq-{rank}.json"), "w") as handle:
+        json.dump({"pairs": pairs, "types": [type(r).__name__ for r, _ in readers.values()], "errors": errors}, handle)
     dist.destroy_process_group()

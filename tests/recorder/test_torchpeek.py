@@ -1,0 +1,106 @@
+"""The reader of torch's C++ objects (`flightrec build-ext`): same values as torch's Python getters,
+ignored when stale or switched off, and a build failure that says why."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from flightrec import peek
+from flightrec.cli import main
+from tests.helpers import run_ranks
+from tests.recorder import workers
+
+
+@pytest.fixture
+def built() -> object:
+    loaded = peek.load()
+    if loaded is None:
+        pytest.skip("the torch reader is not built (flightrec build-ext) or switched off")
+    return loaded[0]
+
+
+def test_torch_reader_is_built_where_a_compiler_is() -> None:
+    """The README's set-up runs `flightrec build-ext`: a silent miss would cost ~2 µs per collective."""
+    compiler = shlex.split(peek.os.environ.get("CXX") or "c++")[0]
+    if shutil.which(compiler) is None:
+        pytest.skip("no C++ compiler: torch's getters are used here")
+    assert peek.find() is not None, "no torch reader built for this torch: run `flightrec build-ext`"
+    assert peek.load() is not None
+
+
+def _tensors() -> list[torch.Tensor]:
+    base = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    return [
+        torch.ones(16), torch.zeros(()), torch.empty(0, 5), base, base.transpose(0, 2), base[:, 1],
+        torch.ones(3, requires_grad=True), torch.nn.Parameter(torch.ones(2, 2)), torch.ones(7).expand(3, 7),
+        *(torch.zeros(2, 3, dtype=dtype) for dtype in (torch.float16, torch.bfloat16, torch.float64, torch.int8,
+                                                        torch.uint8, torch.int32, torch.int64, torch.bool,
+                                                        torch.complex64)),
+    ]
+
+
+def test_reads_what_torchs_getters_read(built: object) -> None:
+    for tensor in _tensors():
+        shape, dtype = built.shape_and_dtype(tensor)
+        assert type(shape) is torch.Size and shape == tensor.shape and dtype is tensor.dtype, tensor
+
+
+def test_leaves_subclasses_and_other_devices_to_torch(built: object) -> None:
+    class Tagged(torch.Tensor):
+        pass
+
+    assert built.shape_and_dtype(torch.ones(3).as_subclass(Tagged)) is None  # may override .shape
+    assert built.shape_and_dtype(torch.ones(3, device="meta")) is None  # not on the CPU
+    assert built.shape_and_dtype([torch.ones(3)]) is None
+    assert built.shape_and_dtype(3) is None
+
+
+def test_counter_reader_matches_pybind(tmp_path: Path, built: object) -> None:
+    run_ranks(workers.seq_readers, 2, str(tmp_path), timeout_s=60)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"seq-{rank}.json").read_text())
+        assert result["types"] == ["SeqReader", "SeqReader"]
+        assert len(result["pairs"]) == 3
+        for snapshot in result["pairs"]:
+            for name, (ours, theirs) in snapshot.items():
+                assert ours == theirs, (rank, name, result["pairs"])
+        assert result["pairs"][-1]["world"][1] > result["pairs"][0]["world"][1]
+        assert result["errors"] == {"reader": "RuntimeError", "pybind": "RuntimeError"}
+
+
+def test_stale_build_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = peek.build_key()
+    monkeypatch.setattr(peek.torch, "__version__", "0.0.0+other")
+    assert peek.build_key() != key
+    assert peek.find() is None
+
+
+def test_switched_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peek, "_loaded", peek._UNSET)
+    monkeypatch.setenv("FLIGHTREC_TORCHPEEK", "0")
+    assert peek.load() is None and peek.seq_reader(object()) is None and peek.fastpath_capsule() is None
+
+
+def test_build_errors_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    with pytest.raises(peek.BuildError, match="no-such-c\\+\\+"):
+        peek.build(tmp_path)
+    compiler = shutil.which("c++")
+    if compiler is None:
+        return
+    monkeypatch.setenv("CXX", compiler)
+    broken = tmp_path / "_torchpeek.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(peek, "SOURCE", broken)
+    with pytest.raises(peek.BuildError, match="_torchpeek.cpp"):
+        peek.build(tmp_path / "out")
+    assert not list((tmp_path / "out").iterdir())  # nothing half-built left behind
+    result = CliRunner().invoke(main, ["build-ext", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "compiling" in result.output and "error" in result.output
