@@ -58,6 +58,7 @@ static PyObject *minus_one, *empty_tuple;
 static inline void set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value) /* borrows value */
 {
     PyObject *old = SLOT(obj, offset);
+    if (old == value) return; /* a reused entry mostly keeps its values: no refcount writes */
     Py_INCREF(value);
     SLOT(obj, offset) = value;
     Py_XDECREF(old);
@@ -138,7 +139,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *dict; /* __name__, __wrapped__, ... (functools.update_wrapper) */
     PyObject *original, *slow, *rec_dict, *local, *by_pg, *pending, *slots, *ids, *world_dict, *tensor_type;
-    PyObject *by_work, *polled, *work_type;
+    PyObject *by_work, *work_type;
     PyObject *finish, *seq_after, *record_failure, *on_finish_error, *site_cache, *skip_prefixes;
     PyObject *async_apis, *api_name, *op_name, *kind;
     PyObject *names[NPARAMS], *defaults[NPARAMS];
@@ -156,7 +157,7 @@ typedef struct {
 
 #define LEAF_OBJECTS(X) \
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
-    X(tensor_type) X(by_work) X(polled) X(work_type) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
+    X(tensor_type) X(by_work) X(work_type) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
     X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(tls_state) X(site_code) X(site) \
     X(last_pair) X(last_meta)
 
@@ -403,8 +404,7 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, PyObject *r
     } else {
         PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
         set_slot(entry, E.work, work);
-        if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0 || PyDict_SetItem(self->polled, rid, entry) < 0)
-            PyErr_Clear();
+        if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear(); /* the watchdog polls it */
         Py_XDECREF(key);
     }
     PyErr_Clear();
@@ -692,7 +692,7 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
     if (self->capacity < 1 || self->recheck_every < 1 || !PyList_CheckExact(self->slots)
         || PyList_GET_SIZE(self->slots) != self->capacity || !PyDict_CheckExact(self->by_pg)
         || !PyDict_CheckExact(self->pending) || !PyDict_CheckExact(self->site_cache) || !PyType_Check(self->tensor_type)
-        || !PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->polled) || !PyType_Check(self->work_type)
+        || !PyDict_CheckExact(self->by_work) || !PyType_Check(self->work_type)
         || !PyDict_CheckExact(self->rec_dict) || !PyDict_CheckExact(self->world_dict) || Py_TYPE(self->ids)->tp_iternext == NULL) {
         PyErr_SetString(PyExc_TypeError, "Leaf config has the wrong types");
         return -1;
@@ -766,11 +766,11 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *original, *slow, *by_work, *pending, *polled, *wait_failed;
+    PyObject *original, *slow, *by_work, *pending, *wait_failed;
     int enabled;
 } Wait;
 
-#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(polled) X(wait_failed)
+#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(wait_failed)
 
 static void drop(PyObject *dict, PyObject *key)
 {
@@ -794,7 +794,10 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
     Py_INCREF(entry);
     if (Py_TYPE(entry) != entry_type || !PyUnicode_Check(SLOT(entry, E.kind))) goto slow;
     int ok = 1;
-    if (PyUnicode_CompareWithASCIIString(SLOT(entry, E.kind), "p2p") == 0 && as_ll(SLOT(entry, E.peer), &ok) < 0) goto slow;
+    PyObject *kind = SLOT(entry, E.kind); /* "coll" or "p2p": the length tells them apart */
+    if (PyUnicode_GET_LENGTH(kind) == 3 && PyUnicode_CompareWithASCIIString(kind, "p2p") == 0
+        && as_ll(SLOT(entry, E.peer), &ok) < 0)
+        goto slow;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     if (result == NULL) {
         notify_raised(self->wait_failed, entry, work);
@@ -805,7 +808,6 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
         set_slot(entry, E.work, Py_None);
         drop(self->by_work, key);
         drop(self->pending, SLOT(entry, E.id));
-        drop(self->polled, SLOT(entry, E.id));
     }
     Py_DECREF(entry);
     Py_DECREF(key);
@@ -851,7 +853,7 @@ static int wait_init(Wait *self, PyObject *args, PyObject *kwargs)
 #define TAKE(field) if (strcmp(#field, "dict") && take(config, #field, &self->field) < 0) return -1;
     WAIT_OBJECTS(TAKE)
 #undef TAKE
-    if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending) || !PyDict_CheckExact(self->polled)) {
+    if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending)) {
         PyErr_SetString(PyExc_TypeError, "Wait config has the wrong types");
         return -1;
     }

@@ -80,8 +80,9 @@ class Recorder:
         self.ring: Ring[Entry] = Ring(settings.buffer)
         self.groups = GroupRegistry()
         self.pending: dict[int, Entry] = {}
-        self.polled: dict[int, Entry] = {}  # pending ops the watchdog polls (is_completed)
-        self.by_work: dict[int, Entry] = {}  # id(Work) -> entry, for the Work.wait wrapper
+        # Both are polled by the watchdog (Work.is_completed) for ops nobody waits on.
+        self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
+        self.by_work: dict[int, Entry] = {}  # id(Work) -> CPU op, for the Work.wait wrapper
         self.local = threading.local()  # .state: this thread's ThreadState
         self.cpp_lock = threading.Lock()  # only around C++-op bookkeeping, held for microseconds
         self.active = True
@@ -260,7 +261,6 @@ class Recorder:
         entry.work = work
         if entry.device == "cpu":
             self.by_work[id(work)] = entry  # the entry holds the Work, so its id is not reused
-            self.polled[entry.id] = entry
             return
         try:
             future = work.get_future()
@@ -307,19 +307,20 @@ class Recorder:
 
     def poll_works(self) -> None:
         """Watchdog side: complete entries whose Work finished without telling us."""
-        for entry in list(self.polled.values()):
-            work = entry.work
-            if work is None or not entry.pending:
-                self.polled.pop(entry.id, None)
-                continue
-            try:
-                done = work.is_completed()
-            except Exception as exc:  # noqa: BLE001 - a failed work may raise when asked
-                self.polled.pop(entry.id, None)
-                self.mark_failed(entry, exc)
-                continue
-            if done:
-                self._work_done(entry, work)
+        for table in (self.by_work, self.polled):
+            for key, entry in list(table.items()):
+                work = entry.work
+                if work is None or not entry.pending:
+                    table.pop(key, None)
+                    continue
+                try:
+                    done = work.is_completed()
+                except Exception as exc:  # noqa: BLE001 - a failed work may raise when asked
+                    table.pop(key, None)
+                    self.mark_failed(entry, exc)
+                    continue
+                if done:
+                    self._work_done(entry, work)
 
     # ------------------------------------------------------------------ units (batches, coalescing)
     def start_unit(self) -> list[Entry] | None:

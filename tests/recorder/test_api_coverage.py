@@ -176,3 +176,16 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
                              else templates[c][t]) for c in templates) for t in range(len(op["codes"]))]
     assert len(keys) == len(set(keys))  # each distinct op once
     assert "t_dev_start_ns" not in raw and "stack" not in raw  # all null on gloo without stacks: left out
+
+
+@pytest.mark.parametrize("mode", ["c", "python"])
+def test_watchdog_completes_async_ops_nobody_waits_on(tmp_path: Path, mode: str) -> None:
+    if mode == "c" and not fastpath.available():
+        pytest.skip("the C hot path is off or not built")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FLIGHTREC_FASTPATH", "1" if mode == "c" else "0")
+        run_ranks(workers.unwaited_async, 2, str(tmp_path), timeout_s=60)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"unwaited-{rank}.json").read_text())
+        assert result == {"state": "completed", "work_done": True, "by_work": 0, "pending": 0,
+                          "wrapper": "Leaf" if mode == "c" else "function"}

@@ -253,3 +253,25 @@ def seq_readers(rank: int, world_size: int, port: int, out: str) -> None:
     with open(os.path.join(out, f"seq-{rank}.json"), "w") as handle:
         json.dump({"pairs": pairs, "types": [type(r).__name__ for r, _ in readers.values()], "errors": errors}, handle)
     dist.destroy_process_group()
+
+
+def unwaited_async(rank: int, world_size: int, port: int, out: str) -> None:
+    """An async op nobody waits on: the watchdog's poll must complete it and drop its Work."""
+    import json
+
+    from flightrec import control
+
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    rec = control._state.recorder
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    entry = next(e for e in rec.ring.snapshot() if e.api == "all_reduce")
+    deadline = time.monotonic() + 20
+    while entry.state != "completed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    result = {"state": entry.state, "work_done": work.is_completed(), "by_work": len(rec.by_work),
+              "pending": len(rec.pending), "wrapper": type(dist.all_reduce).__name__}
+    with open(os.path.join(out, f"unwaited-{rank}.json"), "w") as handle:
+        json.dump(result, handle)
+    dist.barrier()
+    dist.destroy_process_group()
