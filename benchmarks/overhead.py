@@ -3,8 +3,8 @@
 world_size=1 gloo all_reduce of 16 floats, sync and async. flightrec's cost is measured inside one
 process by interleaving blocks of calls to the original and the wrapped function. PyTorch's recorder
 is switched by TORCH_FR_BUFFER_SIZE (2000 vs 0), which only takes effect per process, so each round
-runs those two processes side by side, each pinned to its own CPU (same minute, same thread
-placement), then flightrec alone unpinned. Prints medians in microseconds and ratios (docs/overhead.md).
+runs those two processes side by side, each pinned to its own CPU (same thread placement) and paced
+block by block (same moment), then flightrec alone unpinned. Prints medians in microseconds and ratios (docs/overhead.md).
 
     python benchmarks/overhead.py [--rounds 6] [--block 400] [--blocks 40]
 """
@@ -18,13 +18,16 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def measure(block: int, blocks: int) -> dict[str, list[float]]:
-    """Runs inside a child: per-call µs of each variant, one value per block."""
+def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[float]]:
+    """Runs inside a child: per-call µs of each variant, one value per block. `paced`: before each
+    block, say "ready" and wait for the parent's go, so that two children side by side run their
+    blocks of the same variant at the same moment (the parent pairs them)."""
     sys.path.insert(0, ROOT)
     import torch
     import torch.distributed as dist
@@ -138,6 +141,9 @@ def measure(block: int, blocks: int) -> dict[str, list[float]]:
         if i % 2:
             order.reverse()
         for name, loop, fn in order:
+            if paced:
+                print("ready", flush=True)
+                sys.stdin.readline()
             out.setdefault(name, []).append(loop(fn))
     recorder = current().recorder
     c_plus_plus = sum(1 for e in recorder.ring.snapshot() if e.source == "c++")
@@ -147,26 +153,55 @@ def measure(block: int, blocks: int) -> dict[str, list[float]]:
     return out
 
 
-def _launch(fr_buffer: int, block: int, blocks: int, core: int | None) -> subprocess.Popen[str]:
+def _launch(fr_buffer: int, block: int, blocks: int, core: int | None, paced: bool = False) -> subprocess.Popen[str]:
     """A child measuring with PyTorch's recorder on (`fr_buffer` entries) or off, pinned to `core`."""
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(fr_buffer), OMP_NUM_THREADS="1")
     env.pop("FLIGHTREC", None)
     pin = f"import os; os.sched_setaffinity(0, {{{core}}}); " if core is not None else ""
     code = f"{pin}import sys, json; sys.path.insert(0, {ROOT!r}); from benchmarks.overhead import measure; " \
-           f"print(json.dumps(measure({block}, {blocks})))"
-    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+           f"print(json.dumps(measure({block}, {blocks}, {paced})))"
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=tempfile.TemporaryFile("w+"), text=True)
+
+
+def _failed(proc: subprocess.Popen[str]) -> RuntimeError:
+    proc.kill()
+    proc.wait()
+    proc.stderr.seek(0)  # type: ignore[union-attr]
+    return RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
 
 
 def _collect(proc: subprocess.Popen[str]) -> dict[str, list[float]]:
     try:
-        out, err = proc.communicate(timeout=600)
+        out, _ = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-2000:]}")
+        raise _failed(proc)
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _collect_paced(procs: dict[str, subprocess.Popen[str]]) -> dict[str, dict[str, list[float]]]:
+    """Let paced children run each block together: go when every one of them is ready."""
+    results: dict[str, dict[str, list[float]]] = {}
+    while len(results) < len(procs):
+        ready = []
+        for name, proc in procs.items():
+            if name in results:
+                continue
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                raise _failed(proc)
+            if line.strip() == "ready":
+                ready.append(proc)
+            else:
+                results[name] = json.loads(line)
+                proc.wait(timeout=60)
+        for proc in ready:
+            proc.stdin.write("\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+    return results
 
 
 def _cores() -> list[int] | None:
@@ -180,7 +215,8 @@ def _cores() -> list[int] | None:
 
 def run_round(round_: int, block: int, blocks: int, cores: list[int] | None) -> dict[str, dict[str, list[float]]]:
     """Three children: PyTorch's recorder off ("off") and on ("on") side by side, one per CPU (swapped
-    every round), so that the machine's minute-to-minute speed is the same for both; then one with it
+    every round), paced so that each block runs in both at the same moment, so that the machine's
+    speed from one moment to the next is the same for both; then one with it
     off, alone and unpinned ("alone"), where gloo's worker thread can run on the other CPU. With
     fewer than two CPUs, "off" and "on" run one after the other, in alternating order."""
     settings = ("off", "on") if round_ % 2 == 0 else ("on", "off")
@@ -189,8 +225,9 @@ def run_round(round_: int, block: int, blocks: int, cores: list[int] | None) -> 
         out = {name: _collect(_launch(buffer[name], block, blocks, None)) for name in settings}
         out["alone"] = out["off"]
         return out
-    procs = {name: _launch(buffer[name], block, blocks, core) for name, core in zip(settings, cores, strict=True)}
-    out = {name: _collect(proc) for name, proc in procs.items()}
+    procs = {name: _launch(buffer[name], block, blocks, core, paced=True)
+             for name, core in zip(settings, cores, strict=True)}
+    out = _collect_paced(procs)
     out["alone"] = _collect(_launch(0, block, blocks, None))
     return out
 
@@ -220,7 +257,10 @@ def main() -> None:
     flightrec = {m: per_round("off", "flightrec", m) for m in modes}
     alone = {m: per_round("alone", "flightrec", m) for m in modes}
     on_top = {m: per_round("on", "flightrec", m) for m in modes}
-    torch_fr = {m: [on - off for on, off in zip(median_base("on", m), median_base("off", m), strict=True)] for m in modes}
+    # PyTorch's recorder: block by block, the "on" child's baseline minus the "off" child's, run at the
+    # same moment (paced); the median per round
+    torch_fr = {m: [statistics.median([on - off for on, off in zip(r["on"][f"{m}_base"], r["off"][f"{m}_base"], strict=True)])
+                    for r in rounds] for m in modes}
     med = statistics.median
     how = f"side by side, pinned to CPUs {cores}" if cores else "one after the other (fewer than 2 CPUs to pin to)"
     print(f"all_reduce of 16 floats, world_size=1 gloo; {args.rounds} rounds x {args.blocks} blocks x {args.block} calls")

@@ -94,7 +94,10 @@ static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
 typedef struct {
     int version;
     int (*cpu_meta)(PyObject *tensor, int shape_as_tuple, PyObject **out); /* 1 read, 0 not CPU, -1 ask Python */
+    long long (*read_seq)(PyObject *reader); /* a SeqReader's counter, or -2: not one, or it failed (call it) */
 } PeekApi;
+
+#define PEEK_API_VERSION 2
 
 static const PeekApi *peek;
 
@@ -109,8 +112,9 @@ static PyObject *configure(PyObject *module, PyObject *args)
     if (peek_capsule != Py_None) {
         peek_api = PyCapsule_GetPointer(peek_capsule, "flightrec._torchpeek.api");
         if (peek_api == NULL) return NULL;
-        if (peek_api->version != 1) {
-            PyErr_Format(PyExc_ValueError, "flightrec._torchpeek API version %d, expected 1", peek_api->version);
+        if (peek_api->version != PEEK_API_VERSION) {
+            PyErr_Format(PyExc_ValueError, "flightrec._torchpeek API version %d, expected %d", peek_api->version,
+                         PEEK_API_VERSION);
             return NULL;
         }
     }
@@ -385,7 +389,10 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, PyObject *r
         seq_after = -1;
     }
     if (seq_after >= 0) {
-        PyObject *value = PyLong_FromLongLong(seq_after);
+        PyObject *value = SLOT(entry, E.pg_seq); /* begin's guess, seq_before + 1: mostly right */
+        int same = value != NULL && seq_after == seq_before + 1;
+        if (same) Py_INCREF(value);
+        else value = PyLong_FromLongLong(seq_after);
         if (value != NULL) {
             set_slot(entry, E.pg_seq, value);
             long long last = as_ll(SLOT(group, G.last_pg_seq), &ok);
@@ -479,9 +486,12 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
     }
     int ok = 1;
     PyObject *read_seq = SLOT(group, G.read_seq);
-    PyObject *seq_obj = read_seq ? PyObject_CallNoArgs(read_seq) : NULL;
-    long long seq_before = as_ll(seq_obj, &ok);
-    Py_XDECREF(seq_obj);
+    long long seq_before = peek != NULL && read_seq != NULL ? peek->read_seq(read_seq) : -2;
+    if (seq_before == -2) { /* not the torch reader's: call it */
+        PyObject *seq_obj = read_seq ? PyObject_CallNoArgs(read_seq) : NULL;
+        seq_before = as_ll(seq_obj, &ok);
+        Py_XDECREF(seq_obj);
+    }
     long long last_pg_seq = as_ll(SLOT(group, G.last_pg_seq), &ok);
     long long busy = as_ll(SLOT(group, G.busy), &ok);
     long long coll_seq = as_ll(SLOT(group, G.coll_seq), &ok);

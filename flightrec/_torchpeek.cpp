@@ -113,13 +113,6 @@ int cpu_meta(PyObject *obj, int shape_as_tuple, PyObject **out)
     }
 }
 
-/* What the C hot path (_fastpath.c) calls, handed over in a capsule. */
-struct PeekApi {
-    int version;
-    int (*cpu_meta)(PyObject *, int, PyObject **);
-};
-
-PeekApi peek_api = {1, cpu_meta};
 
 /* ProcessGroup._get_sequence_number_for_group, bound to one group, without pybind's dispatch or
  * the release and retaking of the GIL around it (the counter read takes no lock the GIL guards). */
@@ -127,8 +120,26 @@ struct SeqReader {
     PyObject_HEAD
     PyObject *pg_object; /* keeps the group alive while the reader is */
     c10d::ProcessGroup *pg;
+    /* The group's default backend, for its type: ProcessGroup::setBackend never replaces the backend
+     * of a type once set, so only a change of the default type (checked on every read) moves it. */
+    c10::intrusive_ptr<c10d::Backend> *backend;
+    c10d::ProcessGroup::BackendType backend_type;
     vectorcallfunc vectorcall;
 };
+
+/* What ProcessGroup::getSequenceNumberForGroup() returns, without its map lookup and reference
+ * counting on every read. Throws where it throws. */
+uint64_t group_counter(SeqReader *reader)
+{
+    c10d::ProcessGroup::BackendType type = reader->pg->getBackendType();
+    if (reader->backend != nullptr && type == reader->backend_type) return (*reader->backend)->getSequenceNumberForGroup();
+    uint64_t value = reader->pg->getSequenceNumberForGroup(); /* the checks, and their errors */
+    auto *backend = new c10::intrusive_ptr<c10d::Backend>(reader->pg->getDefaultBackend());
+    delete reader->backend;
+    reader->backend = backend;
+    reader->backend_type = type;
+    return value;
+}
 
 PyObject *seq_reader_call(PyObject *self, PyObject *const *, size_t nargsf, PyObject *kwnames)
 {
@@ -137,7 +148,7 @@ PyObject *seq_reader_call(PyObject *self, PyObject *const *, size_t nargsf, PyOb
         return nullptr;
     }
     try {
-        return PyLong_FromUnsignedLongLong(reinterpret_cast<SeqReader *>(self)->pg->getSequenceNumberForGroup());
+        return PyLong_FromUnsignedLongLong(group_counter(reinterpret_cast<SeqReader *>(self)));
     } catch (const std::exception &exc) {
         PyErr_SetString(PyExc_RuntimeError, exc.what());
         return nullptr;
@@ -146,11 +157,33 @@ PyObject *seq_reader_call(PyObject *self, PyObject *const *, size_t nargsf, PyOb
 
 void seq_reader_dealloc(PyObject *self)
 {
+    delete reinterpret_cast<SeqReader *>(self)->backend;
     Py_XDECREF(reinterpret_cast<SeqReader *>(self)->pg_object);
     Py_TYPE(self)->tp_free(self);
 }
 
 PyTypeObject SeqReaderType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+/* The counter of a SeqReader, for the C hot path without a Python call or int; -2 when `reader` is
+ * not one or the read fails (the caller then calls it, which raises the error). */
+long long read_seq(PyObject *reader)
+{
+    if (Py_TYPE(reader) != &SeqReaderType) return -2;
+    try {
+        return static_cast<long long>(group_counter(reinterpret_cast<SeqReader *>(reader)));
+    } catch (...) {
+        return -2;
+    }
+}
+
+/* What the C hot path (_fastpath.c) calls, handed over in a capsule; the version is checked there. */
+struct PeekApi {
+    int version;
+    int (*cpu_meta)(PyObject *, int, PyObject **);
+    long long (*read_seq)(PyObject *);
+};
+
+PeekApi peek_api = {2, cpu_meta, read_seq};
 
 PyObject *seq_reader(PyObject *, PyObject *pg)
 {
@@ -168,6 +201,7 @@ PyObject *seq_reader(PyObject *, PyObject *pg)
     Py_INCREF(pg);
     reader->pg_object = pg;
     reader->pg = raw;
+    reader->backend = nullptr;
     reader->vectorcall = seq_reader_call;
     return reinterpret_cast<PyObject *>(reader);
 }

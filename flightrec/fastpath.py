@@ -38,7 +38,11 @@ def available() -> bool:
         return False
     if not _configured:
         try:
-            _fastpath.configure(Entry, GroupState, ThreadState, peek.fastpath_capsule())
+            try:
+                _fastpath.configure(Entry, GroupState, ThreadState, peek.fastpath_capsule())
+            except ValueError as exc:  # a torch reader of another version: do without it
+                log.warn_once("fastpath-peek", f"C hot path not using the torch reader: {exc}")
+                _fastpath.configure(Entry, GroupState, ThreadState, None)
         except Exception as exc:  # noqa: BLE001 - a layout it does not know: the Python path records
             log.warn_once("fastpath", f"C hot path unavailable, recording in Python: {exc!r}")
             return False

@@ -104,3 +104,24 @@ def test_build_errors_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert not list((tmp_path / "out").iterdir())  # nothing half-built left behind
     result = CliRunner().invoke(main, ["build-ext", "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "compiling" in result.output and "error" in result.output
+
+
+def test_fastpath_refuses_a_reader_of_another_version() -> None:
+    """A torch reader whose calls the C hot path does not know is refused before anything changes."""
+    import ctypes
+
+    from flightrec import fastpath
+    from flightrec.entry import Entry
+    from flightrec.groups import GroupState
+    from flightrec.recorder import ThreadState
+
+    if fastpath._fastpath is None:
+        pytest.skip("the C hot path is not built")
+    api = (ctypes.c_int * 8)(99)  # version 99, then null function pointers
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype, new_capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    capsule = new_capsule(ctypes.addressof(api), b"flightrec._torchpeek.api", None)
+    with pytest.raises(ValueError, match="version 99"):
+        fastpath._fastpath.configure(Entry, GroupState, ThreadState, capsule)
+    with pytest.raises(ValueError):  # not a torch reader's capsule at all
+        fastpath._fastpath.configure(Entry, GroupState, ThreadState, new_capsule(ctypes.addressof(api), b"other", None))
