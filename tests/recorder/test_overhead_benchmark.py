@@ -1,0 +1,21 @@
+"""The overhead benchmark runs end to end (a tiny configuration): its pacing of the side-by-side
+children, its variants and its verdict lines. Its figures are not asserted: they are a benchmark's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_overhead_benchmark_runs_and_prints_its_verdict() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--rounds", "2", "--blocks", "2",
+                           "--block", "20"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("all_reduce of 16 floats") and "2 rounds x 2 blocks x 20 calls" in lines[0]
+    assert any(line.startswith("per round, sync (us): A flightrec") for line in lines)
+    assert any("torch reader" in line for line in lines)  # with it (and without, interleaved), or why not
+    assert lines[-1].startswith("target: sync added <= 5.00 us -> A ")
