@@ -125,3 +125,23 @@ def test_fastpath_refuses_a_reader_of_another_version() -> None:
         fastpath._fastpath.configure(Entry, GroupState, ThreadState, capsule)
     with pytest.raises(ValueError):  # not a torch reader's capsule at all
         fastpath._fastpath.configure(Entry, GroupState, ThreadState, new_capsule(ctypes.addressof(api), b"other", None))
+
+
+def test_build_falls_back_to_the_next_writable_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only install folder: the build goes to the user's cache, where `find` looks next."""
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where a folder should be: mkdir fails
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CXX", "c++")
+    monkeypatch.setattr(peek, "search_dirs", lambda: [blocked / "built", cache])
+
+    def fake_compile(scratch: Path, target: Path) -> Path:
+        target.write_bytes(b"built")
+        return target
+
+    monkeypatch.setattr(peek, "_compile", fake_compile)
+    built = peek.build()
+    assert built.parent == cache and built.name == peek.file_name()
+    assert peek.find() == built
