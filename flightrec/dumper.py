@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import log, torch_fr
+from . import fastpath, log, peek, torch_fr
 from .entry import Entry, to_tables
 from .recorder import Recorder
 from .stacks import all_thread_stacks
@@ -106,6 +106,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
         "dump_time_ns": wall_ns,
         "clock": {"wall_ns": wall_ns, "mono_ns": mono_ns},
         "settings": rec.settings.as_dict(),
+        "hot_path": {"c": fastpath.available() and not rec.settings.stacks, "torch_reader": peek.load() is not None},
         "capacity": rec.ring.capacity,
         "recorded": rec.ring.recorded,
         "dropped": max(0, rec.ring.recorded - len(entries)),

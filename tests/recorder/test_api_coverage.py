@@ -55,6 +55,14 @@ def coverage_dumps(request: pytest.FixtureRequest, coverage_runs: dict[str, Path
     return [entries(load_dump(out, r)) for r in range(WORLD)]
 
 
+def test_dumps_say_which_hot_path_recorded(coverage_runs: dict[str, Path]) -> None:
+    expected = {"peek": {"c": True, "torch_reader": True}, "c": {"c": True, "torch_reader": False},
+                "python": {"c": False, "torch_reader": False}}
+    for mode, out in coverage_runs.items():
+        assert {json.dumps(load_dump(out, r)["hot_path"], sort_keys=True) for r in range(WORLD)} == \
+               {json.dumps(expected[mode], sort_keys=True)}, mode
+
+
 @pytest.mark.parametrize("mode", ["c", "peek"])
 def test_c_and_python_hot_paths_record_the_same(coverage_runs: dict[str, Path], mode: str) -> None:
     if mode not in coverage_runs:
