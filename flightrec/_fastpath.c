@@ -187,8 +187,8 @@ static inline long long monotonic_ns(void)
 }
 
 /* A new tuple of immutable values, out of the garbage collector's sight: the ring keeps it for
- * thousands of calls, long enough to be promoted to the oldest generation, whose collections then
- * come more often and rescan every object of the process. Such a tuple cannot be part of a cycle. */
+ * thousands of calls, long enough to be promoted, and every collection the program runs would scan
+ * it for nothing. Such a tuple cannot be part of a cycle. */
 static inline PyObject *untracked(PyObject *tuple)
 {
     if (tuple != NULL) PyObject_GC_UnTrack(tuple);
@@ -390,7 +390,7 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, PyObject *r
     }
     if (seq_after >= 0) {
         PyObject *value = SLOT(entry, E.pg_seq); /* begin's guess, seq_before + 1: mostly right */
-        int same = value != NULL && seq_after == seq_before + 1;
+        int same = value != NULL && seq_before >= 0 && seq_after == seq_before + 1;
         if (same) Py_INCREF(value);
         else value = PyLong_FromLongLong(seq_after);
         if (value != NULL) {

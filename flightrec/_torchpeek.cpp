@@ -28,9 +28,9 @@ namespace {
 PyTypeObject *tensor_type = nullptr, *parameter_type = nullptr, *size_type = nullptr, *pg_type = nullptr;
 
 /* The last (shape, dtype) pairs built, by a hash of their content: a training loop sends the same few
- * shapes again and again, and a pair that is reused is one the garbage collector never sees (the
- * ring keeps each for thousands of calls, long enough to be promoted to, and rescanned in, the
- * oldest generation). The pairs hold only ints and a dtype, so they cannot be part of a cycle. */
+ * shapes again and again, and a reused pair costs no allocation. The pairs built are untracked by
+ * the garbage collector (the ring keeps each for thousands of calls, so collections would scan them
+ * for nothing); they hold only ints and a dtype, so they cannot be part of a cycle. */
 constexpr int kCacheSlots = 64;
 constexpr size_t kCachedDims = 8;
 
@@ -224,11 +224,13 @@ PyObject *configure(PyObject *, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "torch.Size is expected to be a tuple subclass");
         return nullptr;
     }
-    for (PyObject *type : {tensor, parameter, size, pg}) Py_INCREF(type);
-    tensor_type = reinterpret_cast<PyTypeObject *>(tensor);
-    parameter_type = reinterpret_cast<PyTypeObject *>(parameter);
-    size_type = reinterpret_cast<PyTypeObject *>(size);
-    pg_type = reinterpret_cast<PyTypeObject *>(pg);
+    PyTypeObject **slots[] = {&tensor_type, &parameter_type, &size_type, &pg_type};
+    PyObject *types[] = {tensor, parameter, size, pg};
+    for (int i = 0; i < 4; i++) { /* a second call replaces, and lets go of, the types of the first */
+        Py_INCREF(types[i]);
+        Py_XDECREF(reinterpret_cast<PyObject *>(*slots[i]));
+        *slots[i] = reinterpret_cast<PyTypeObject *>(types[i]);
+    }
     return PyCapsule_New(&peek_api, "flightrec._torchpeek.api", nullptr);
 }
 

@@ -116,14 +116,18 @@ def fastpath_capsule() -> Any:
     return None if loaded is None else loaded[1]
 
 
+def compiler() -> list[str]:
+    """The C++ compiler command: `CXX`, else `c++`."""
+    return shlex.split(os.environ.get("CXX") or "c++")
+
+
 def compile_command(source: Path, target: Path, std: str) -> list[str]:
     from torch.utils import cpp_extension  # build time only: it imports setuptools
 
-    compiler = shlex.split(os.environ.get("CXX") or "c++")
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     libraries = cpp_extension.library_paths()
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
-    return [*compiler, "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    return [*compiler(), "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             "-w", *(f"-I{path}" for path in includes), str(source), "-o", str(target),
             *(f"-L{path}" for path in libraries), *(f"-Wl,-rpath,{path}" for path in libraries),
             "-ltorch_python", "-ltorch_cpu", "-lc10"]
@@ -132,9 +136,9 @@ def compile_command(source: Path, target: Path, std: str) -> list[str]:
 def build(out_dir: Path | None = None) -> Path:
     """Compile the extension for the installed torch; the built file's path. Raises BuildError."""
     folders = [out_dir] if out_dir is not None else search_dirs()
-    compiler = shlex.split(os.environ.get("CXX") or "c++")[0]
-    if shutil.which(compiler) is None:
-        raise BuildError(f"no C++ compiler: {compiler!r} is not on PATH (set CXX)")
+    command = compiler()
+    if not command or shutil.which(command[0]) is None:
+        raise BuildError(f"no C++ compiler: {command[:1]!r} is not on PATH (set CXX)")
     errors = []
     for folder in folders:
         try:

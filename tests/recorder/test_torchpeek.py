@@ -4,7 +4,6 @@ ignored when stale or switched off, and a build failure that says why."""
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 from pathlib import Path
 
@@ -28,8 +27,7 @@ def built() -> object:
 
 def test_torch_reader_is_built_where_a_compiler_is() -> None:
     """The README's set-up runs `flightrec build-ext`: a silent miss would cost ~2 µs per collective."""
-    compiler = shlex.split(peek.os.environ.get("CXX") or "c++")[0]
-    if shutil.which(compiler) is None:
+    if shutil.which(peek.compiler()[0]) is None:
         pytest.skip("no C++ compiler: torch's getters are used here")
     assert peek.find() is not None, "no torch reader built for this torch: run `flightrec build-ext`"
     assert peek.load() is not None
