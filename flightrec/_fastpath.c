@@ -29,23 +29,198 @@ static int PyFrame_GetLasti(PyFrameObject *frame) { return -1; }
 
 /* ------------------------------------------------------------------ slot layout */
 
-typedef struct {
-    Py_ssize_t id, group, seq, pg_seq, kind, op, api, peer, root, reduce_op, inputs, outputs, is_async,
-        unit, state, error, t_enqueue_ns, t_complete_ns, t_dev_start_ns, t_dev_end_ns, thread, site, stack,
-        source, work, device;
-} EntryLayout;
+/* Entry's storage (`EntryBase`; flightrec/entry.py's `Entry` subclasses it and adds the behaviour): the
+ * numbers an op changes on every call are C integers written in place, the rest object references.
+ * Why: as Python slots each number was a new int object per op, freeing the one it replaced, and
+ * after a collective (a switch to the backend's thread and back: caches cold) that churn was most of
+ * what recording an op cost. */
+#define NO_TIME LLONG_MIN /* an optional time not known: None in Python */
 
 typedef struct {
-    Py_ssize_t name, ranks, coll_seq, sent, received, last_pg_seq, busy, read_seq, steps;
-} GroupLayout;
+    PyObject_HEAD
+    long long id, seq, pg_seq, peer, root, unit, t_enqueue_ns, t_complete_ns, t_dev_start_ns, t_dev_end_ns;
+    char is_async;
+    PyObject *group, *kind, *op, *api, *reduce_op, *inputs, *outputs, *state, *error, *thread, *site, *stack,
+        *source, *work, *device;
+} EntryObject;
+
+#define ENTRY_OBJECTS(X) X(group) X(kind) X(op) X(api) X(reduce_op) X(inputs) X(outputs) X(state) X(error) \
+    X(thread) X(site) X(stack) X(source) X(work) X(device)
+#define EN(obj) ((EntryObject *)(obj))
+#define E_(field) offsetof(EntryObject, field)
+
+/* A storage type's object fields: all None when made, visited and cleared for the garbage collector. */
+#define STORAGE_FUNCTIONS(prefix, Type, OBJECTS)                          \
+    static Type *prefix##_alloc(PyTypeObject *type)                      \
+    {                                                                    \
+        Type *self = (Type *)type->tp_alloc(type, 0);                    \
+        if (self == NULL) return NULL;                                   \
+        OBJECTS(STORAGE_NONE)                                            \
+        return self;                                                     \
+    }                                                                    \
+    static int prefix##_traverse(Type *self, visitproc visit, void *arg) \
+    {                                                                    \
+        OBJECTS(STORAGE_VISIT)                                           \
+        return 0;                                                        \
+    }                                                                    \
+    static int prefix##_clear(Type *self)                                \
+    {                                                                    \
+        OBJECTS(STORAGE_CLEAR)                                           \
+        return 0;                                                        \
+    }                                                                    \
+    static void prefix##_dealloc(Type *self)                             \
+    {                                                                    \
+        PyObject_GC_UnTrack(self);                                       \
+        prefix##_clear(self);                                            \
+        Py_TYPE(self)->tp_free((PyObject *)self);                        \
+    }
+#define STORAGE_TYPE(var, prefix, Type, name, getset, doc)                  \
+    static PyTypeObject var = {                                           \
+        PyVarObject_HEAD_INIT(NULL, 0)                                    \
+        .tp_name = "flightrec._fastpath." name,                           \
+        .tp_basicsize = sizeof(Type),                                     \
+        .tp_dealloc = (destructor)prefix##_dealloc,                       \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, \
+        .tp_doc = doc,                                                    \
+        .tp_traverse = (traverseproc)prefix##_traverse,                   \
+        .tp_clear = (inquiry)prefix##_clear,                              \
+        .tp_members = prefix##_members,                                   \
+        .tp_getset = getset,                                              \
+        .tp_new = prefix##_new,                                           \
+    };
+#define STORAGE_NONE(field) Py_INCREF(Py_None); self->field = Py_None;
+#define STORAGE_VISIT(field) Py_VISIT(self->field);
+#define STORAGE_CLEAR(field) Py_CLEAR(self->field);
+
+STORAGE_FUNCTIONS(entry, EntryObject, ENTRY_OBJECTS)
+
+static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    EntryObject *self = entry_alloc(type);
+    if (self == NULL) return NULL;
+    self->id = self->seq = self->pg_seq = self->peer = self->root = self->unit = -1;
+    self->t_enqueue_ns = 0;
+    self->t_complete_ns = self->t_dev_start_ns = self->t_dev_end_ns = NO_TIME;
+    return (PyObject *)self;
+}
+
+/* t_complete_ns, t_dev_start_ns, t_dev_end_ns: an int, or None while not known */
+static PyObject *entry_get_time(EntryObject *self, void *offset)
+{
+    long long value = *(long long *)((char *)self + (Py_ssize_t)offset);
+    if (value == NO_TIME) Py_RETURN_NONE;
+    return PyLong_FromLongLong(value);
+}
+
+static int entry_set_time(EntryObject *self, PyObject *value, void *offset)
+{
+    long long v = NO_TIME;
+    if (value != NULL && value != Py_None) {
+        v = PyLong_AsLongLong(value);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (v == NO_TIME) {
+            PyErr_SetString(PyExc_OverflowError, "time out of range");
+            return -1;
+        }
+    }
+    *(long long *)((char *)self + (Py_ssize_t)offset) = v;
+    return 0;
+}
+
+#define INT_MEMBER(field) {#field, T_LONGLONG, E_(field), 0, NULL},
+#define OBJECT_MEMBER(field) {#field, T_OBJECT, E_(field), 0, NULL},
+static PyMemberDef entry_members[] = {
+    INT_MEMBER(id) INT_MEMBER(seq) INT_MEMBER(pg_seq) INT_MEMBER(peer) INT_MEMBER(root) INT_MEMBER(unit)
+    INT_MEMBER(t_enqueue_ns)
+    {"is_async", T_BOOL, E_(is_async), 0, NULL},
+    ENTRY_OBJECTS(OBJECT_MEMBER)
+    {NULL},
+};
+#undef INT_MEMBER
+#undef OBJECT_MEMBER
+
+#define TIME_GETSET(field) {#field, (getter)entry_get_time, (setter)entry_set_time, NULL, (void *)E_(field)},
+static PyGetSetDef entry_getset[] = {
+    TIME_GETSET(t_complete_ns) TIME_GETSET(t_dev_start_ns) TIME_GETSET(t_dev_end_ns)
+    {NULL},
+};
+#undef TIME_GETSET
+
+STORAGE_TYPE(EntryBaseType, entry, EntryObject, "EntryBase", entry_getset,
+             "The fields of a recorded op (flightrec.entry.Entry), numbers stored as C integers.")
+
+/* The ring's id counter (Ring.next_id): itertools.count's behaviour, with the count readable from C,
+ * so the hot path takes an id without making an int object. */
+typedef struct {
+    PyObject_HEAD
+    long long next;
+} Counter;
+
+static PyObject *counter_next(Counter *self)
+{
+    return PyLong_FromLongLong(self->next++);
+}
+
+static PyObject *counter_iter(PyObject *self)
+{
+    Py_INCREF(self);
+    return self;
+}
+
+static PyMemberDef counter_members[] = {
+    {"next", T_LONGLONG, offsetof(Counter, next), READONLY, "the id the next call hands out"},
+    {NULL},
+};
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flightrec._fastpath.Counter",
+    .tp_basicsize = sizeof(Counter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Counter(): 0, 1, 2, ... like itertools.count(), readable by the C hot path.",
+    .tp_iter = counter_iter,
+    .tp_iternext = (iternextfunc)counter_next,
+    .tp_members = counter_members,
+    .tp_new = PyType_GenericNew,
+};
+
+/* GroupState's storage (`GroupBase`; flightrec/groups.py's `GroupState` subclasses it): its counters
+ * are C integers, for the same reason as Entry's. */
+typedef struct {
+    PyObject_HEAD
+    long long coll_seq, last_pg_seq, busy;
+    PyObject *pg, *name, *desc, *backend, *ranks, *rank_in_group, *sent, *received, *read_seq, *steps;
+} GroupObject;
+
+#define GROUP_OBJECTS(X) X(pg) X(name) X(desc) X(backend) X(ranks) X(rank_in_group) X(sent) X(received) \
+    X(read_seq) X(steps)
+#define GR(obj) ((GroupObject *)(obj))
+
+STORAGE_FUNCTIONS(group, GroupObject, GROUP_OBJECTS)
+
+static PyObject *group_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    return (PyObject *)group_alloc(type); /* counters 0 */
+}
+
+#define INT_MEMBER(field) {#field, T_LONGLONG, offsetof(GroupObject, field), 0, NULL},
+#define OBJECT_MEMBER(field) {#field, T_OBJECT, offsetof(GroupObject, field), 0, NULL},
+static PyMemberDef group_members[] = {
+    INT_MEMBER(coll_seq) INT_MEMBER(last_pg_seq) INT_MEMBER(busy)
+    GROUP_OBJECTS(OBJECT_MEMBER)
+    {NULL},
+};
+#undef INT_MEMBER
+#undef OBJECT_MEMBER
+
+STORAGE_TYPE(GroupBaseType, group, GroupObject, "GroupBase", NULL,
+             "The fields of a process group's bookkeeping (flightrec.groups.GroupState), counters as C integers.")
 
 typedef struct {
     Py_ssize_t in_leaf, api, unit, thread_name;
 } ThreadLayout;
 
 static PyTypeObject *entry_type, *group_type, *thread_type;
-static EntryLayout E;
-static GroupLayout G;
 static ThreadLayout T;
 
 /* constants shared by every wrapper */
@@ -118,16 +293,14 @@ static PyObject *configure(PyObject *module, PyObject *args)
             return NULL;
         }
     }
-    OFFSET(entry, E, id) OFFSET(entry, E, group) OFFSET(entry, E, seq) OFFSET(entry, E, pg_seq)
-    OFFSET(entry, E, kind) OFFSET(entry, E, op) OFFSET(entry, E, api) OFFSET(entry, E, peer)
-    OFFSET(entry, E, root) OFFSET(entry, E, reduce_op) OFFSET(entry, E, inputs) OFFSET(entry, E, outputs)
-    OFFSET(entry, E, is_async) OFFSET(entry, E, unit) OFFSET(entry, E, state) OFFSET(entry, E, error)
-    OFFSET(entry, E, t_enqueue_ns) OFFSET(entry, E, t_complete_ns) OFFSET(entry, E, t_dev_start_ns)
-    OFFSET(entry, E, t_dev_end_ns) OFFSET(entry, E, thread) OFFSET(entry, E, site) OFFSET(entry, E, stack)
-    OFFSET(entry, E, source) OFFSET(entry, E, work) OFFSET(entry, E, device)
-    OFFSET(group, G, name) OFFSET(group, G, ranks) OFFSET(group, G, coll_seq) OFFSET(group, G, sent)
-    OFFSET(group, G, received) OFFSET(group, G, last_pg_seq) OFFSET(group, G, busy) OFFSET(group, G, read_seq)
-    OFFSET(group, G, steps)
+    if (!PyType_IsSubtype(entry, &EntryBaseType) || entry->tp_basicsize != EntryBaseType.tp_basicsize) {
+        PyErr_Format(PyExc_TypeError, "%s does not keep its fields in flightrec._fastpath.EntryBase", entry->tp_name);
+        return NULL;
+    }
+    if (!PyType_IsSubtype(group, &GroupBaseType) || group->tp_basicsize != GroupBaseType.tp_basicsize) {
+        PyErr_Format(PyExc_TypeError, "%s does not keep its fields in flightrec._fastpath.GroupBase", group->tp_name);
+        return NULL;
+    }
     OFFSET(thread, T, in_leaf) OFFSET(thread, T, api) OFFSET(thread, T, unit) OFFSET(thread, T, thread_name)
     Py_INCREF(entry); Py_XSETREF(entry_type, entry);
     Py_INCREF(group); Py_XSETREF(group_type, group);
@@ -261,7 +434,7 @@ static int endpoint(PyObject *global_rank, PyObject *group_rank, PyObject *group
         *out = as_ll(global_rank, &ok);
         return ok;
     }
-    PyObject *ranks = SLOT(group, G.ranks);
+    PyObject *ranks = GR(group)->ranks;
     if (ranks == NULL || !PyList_CheckExact(ranks)) return 0;
     Py_ssize_t n = PyList_GET_SIZE(ranks);
     if (group_rank != Py_None) {
@@ -363,16 +536,17 @@ static inline PyObject *call_slow(Leaf *self, PyObject *const *args, size_t narg
 }
 
 /* Recorder.finish for a CPU call that returned None (blocking: complete now) or a Work (async:
- * Recorder.watch_work's CPU case, completed by Work.wait or the watchdog's poll). */
-static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, PyObject *rid, long long record_id,
-                       long long seq_before, PyObject *work)
+ * Recorder.watch_work's CPU case, completed by Work.wait or the watchdog's poll). A C-path op is in
+ * no table while it runs: its thread's ThreadState.in_leaf holds it (Recorder.in_flight). */
+static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long record_id, long long seq_before,
+                       PyObject *work)
 {
     int ok = 1;
     long long seq_after = -1;
     PyObject *learned = NULL;
     if (seq_before >= 0) {
-        PyObject *steps = SLOT(group, G.steps);
-        learned = steps && PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, SLOT(entry, E.api)) : NULL;
+        PyObject *steps = GR(group)->steps;
+        learned = steps && PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, EN(entry)->api) : NULL;
     }
     if (learned != NULL && PyList_CheckExact(learned) && PyList_GET_SIZE(learned) == 2
         && as_ll(PyList_GET_ITEM(learned, 1), &ok) >= self->trust_after && ok
@@ -389,28 +563,16 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, PyObject *r
         seq_after = -1;
     }
     if (seq_after >= 0) {
-        PyObject *value = SLOT(entry, E.pg_seq); /* begin's guess, seq_before + 1: mostly right */
-        int same = value != NULL && seq_before >= 0 && seq_after == seq_before + 1;
-        if (same) Py_INCREF(value);
-        else value = PyLong_FromLongLong(seq_after);
-        if (value != NULL) {
-            set_slot(entry, E.pg_seq, value);
-            long long last = as_ll(SLOT(group, G.last_pg_seq), &ok);
-            if (seq_after > last) set_slot(group, G.last_pg_seq, value);
-            Py_DECREF(value);
-        }
+        EN(entry)->pg_seq = seq_after;
+        if (seq_after > GR(group)->last_pg_seq) GR(group)->last_pg_seq = seq_after;
     }
-    long long busy = as_ll(SLOT(group, G.busy), &ok);
-    PyObject *busy_now = PyLong_FromLongLong(busy - 1);
-    if (busy_now) set_slot_steal(group, G.busy, busy_now);
+    GR(group)->busy--;
     if (work == Py_None) {
-        PyObject *now = PyLong_FromLongLong(monotonic_ns());
-        if (now) set_slot_steal(entry, E.t_complete_ns, now);
-        set_slot(entry, E.state, s_completed);
-        if (PyDict_DelItem(self->pending, rid) < 0) PyErr_Clear();
+        EN(entry)->t_complete_ns = monotonic_ns();
+        set_slot(entry, E_(state), s_completed);
     } else {
         PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
-        set_slot(entry, E.work, work);
+        set_slot(entry, E_(work), work);
         if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear(); /* the watchdog polls it */
         Py_XDECREF(key);
     }
@@ -436,7 +598,7 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
         Py_XSETREF(self->tls_state, tls); /* keeps it alive, and this thread's for the next call */
         self->tls_id = thread_id;
     }
-    if (SLOT(tls, T.in_leaf) == Py_True) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (SLOT(tls, T.in_leaf) != Py_False) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     if (SLOT(tls, T.unit) != Py_None) return call_slow(self, args, nargsf, kwnames);
 
     /* ---- read the call: nothing is changed until every fact is known */
@@ -485,17 +647,14 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
         }
     }
     int ok = 1;
-    PyObject *read_seq = SLOT(group, G.read_seq);
+    PyObject *read_seq = GR(group)->read_seq;
     long long seq_before = peek != NULL && read_seq != NULL ? peek->read_seq(read_seq) : -2;
     if (seq_before == -2) { /* not the torch reader's: call it */
         PyObject *seq_obj = read_seq ? PyObject_CallNoArgs(read_seq) : NULL;
         seq_before = as_ll(seq_obj, &ok);
         Py_XDECREF(seq_obj);
     }
-    long long last_pg_seq = as_ll(SLOT(group, G.last_pg_seq), &ok);
-    long long busy = as_ll(SLOT(group, G.busy), &ok);
-    long long coll_seq = as_ll(SLOT(group, G.coll_seq), &ok);
-    if (!ok || seq_before > last_pg_seq) goto slow; /* C++-issued ops to record first: the Python path does */
+    if (!ok || seq_before > GR(group)->last_pg_seq) goto slow; /* C++-issued ops to record first: the Python path does */
     goto record;
 slow:
     PyErr_Clear();
@@ -507,52 +666,36 @@ slow:
 record:;
     /* ---- record (Recorder.compile's begin) */
     long long now = monotonic_ns();
-    PyObject *rid = Py_TYPE(self->ids)->tp_iternext(self->ids); /* Ring.next_id: itertools.count */
-    long long record_id = as_ll(rid, &ok);
-    PyObject *busy_now = PyLong_FromLongLong(busy + 1);
-    if (rid == NULL || !ok || busy_now == NULL) { /* out of memory: give up recording this call */
-        PyErr_Clear();
-        Py_XDECREF(rid);
-        Py_XDECREF(busy_now);
-        Py_XDECREF(inputs);
-        Py_XDECREF(outputs);
-        Py_DECREF(group);
-        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    }
-    set_slot_steal(group, G.busy, busy_now);
+    long long record_id = ((Counter *)self->ids)->next++; /* Ring.next_id */
+    GR(group)->busy++;
     Py_ssize_t slot = (Py_ssize_t)(record_id % self->capacity);
     PyObject *entry = PyList_GET_ITEM(self->slots, slot);
     if (entry != Py_None && Py_TYPE(entry) == entry_type
-        && (str_equal(SLOT(entry, E.state), s_completed) || str_equal(SLOT(entry, E.state), s_failed))
-        && str_equal(SLOT(entry, E.source), s_python) && SLOT(entry, E.work) == Py_None) {
-        Py_INCREF(entry);
-        set_slot(entry, E.id, rid);
-        set_slot(entry, E.group, SLOT(group, G.name));
-        set_slot(entry, E.kind, self->kind);
-        set_slot(entry, E.op, self->op_name);
-        set_slot(entry, E.api, api);
-        set_slot(entry, E.peer, minus_one);
-        set_slot(entry, E.root, minus_one);
-        set_slot(entry, E.reduce_op, Py_None);
-        set_slot(entry, E.unit, minus_one);
-        set_slot(entry, E.state, s_started);
-        set_slot(entry, E.error, Py_None);
-        set_slot(entry, E.t_complete_ns, Py_None);
-        set_slot(entry, E.t_dev_start_ns, Py_None);
-        set_slot(entry, E.t_dev_end_ns, Py_None);
-        set_slot(entry, E.stack, Py_None);
-        set_slot(entry, E.source, s_python);
-        set_slot(entry, E.work, Py_None);
-        set_slot(entry, E.device, s_cpu);
+        && (str_equal(EN(entry)->state, s_completed) || str_equal(EN(entry)->state, s_failed))
+        && str_equal(EN(entry)->source, s_python) && EN(entry)->work == Py_None) {
+        Py_INCREF(entry); /* Entry.reset */
+        EntryObject *e = EN(entry);
+        e->id = record_id;
+        e->peer = e->root = e->unit = -1;
+        e->t_complete_ns = e->t_dev_start_ns = e->t_dev_end_ns = NO_TIME;
+        set_slot(entry, E_(group), GR(group)->name);
+        set_slot(entry, E_(kind), self->kind);
+        set_slot(entry, E_(op), self->op_name);
+        set_slot(entry, E_(api), api);
+        set_slot(entry, E_(reduce_op), Py_None);
+        set_slot(entry, E_(state), s_started);
+        set_slot(entry, E_(error), Py_None);
+        set_slot(entry, E_(stack), Py_None);
+        set_slot(entry, E_(device), s_cpu);
     } else {
-        entry = PyObject_CallFunctionObjArgs((PyObject *)entry_type, rid, SLOT(group, G.name), self->kind,
-                                             self->op_name, api, NULL);
+        PyObject *rid = PyLong_FromLongLong(record_id);
+        entry = rid ? PyObject_CallFunctionObjArgs((PyObject *)entry_type, rid, GR(group)->name, self->kind,
+                                                   self->op_name, api, NULL) : NULL;
+        Py_XDECREF(rid);
         if (entry == NULL || Py_TYPE(entry) != entry_type) {
             PyErr_Clear();
             Py_XDECREF(entry);
-            busy_now = PyLong_FromLongLong(busy);
-            if (busy_now) set_slot_steal(group, G.busy, busy_now);
-            Py_DECREF(rid);
+            GR(group)->busy--;
             Py_XDECREF(inputs);
             Py_XDECREF(outputs);
             Py_DECREF(group);
@@ -560,43 +703,45 @@ record:;
             return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
         }
     }
-    PyObject *seq = NULL;
+    EntryObject *e = EN(entry);
     if (self->is_coll) {
-        seq = PyLong_FromLongLong(coll_seq + 1);
-        if (seq) set_slot(group, G.coll_seq, seq);
-        if (self->has_endpoint) set_slot_steal(entry, E.root, PyLong_FromLongLong(end));
-        set_slot(entry, E.reduce_op, v[4]);
+        e->seq = ++GR(group)->coll_seq;
+        if (self->has_endpoint) e->root = end;
+        set_slot(entry, E_(reduce_op), v[4]);
     } else {
         PyObject *peer = PyLong_FromLongLong(end);
-        PyObject *counts = SLOT(group, self->is_send ? G.sent : G.received);
+        PyObject *counts = self->is_send ? GR(group)->sent : GR(group)->received;
         PyObject *count = peer ? PyDict_GetItemWithError(counts, peer) : NULL;
         int count_ok = 1;
         long long previous = count ? as_ll(count, &count_ok) : 0;
-        seq = PyLong_FromLongLong(previous + 1);
+        PyObject *seq = PyLong_FromLongLong(previous + 1);
         if (seq && peer && PyDict_SetItem(counts, peer, seq) < 0) PyErr_Clear();
-        if (peer) set_slot_steal(entry, E.peer, peer);
+        Py_XDECREF(seq);
+        Py_XDECREF(peer);
+        e->seq = previous + 1;
+        e->peer = end;
     }
-    if (seq) set_slot_steal(entry, E.seq, seq);
-    set_slot_steal(entry, E.pg_seq, seq_before >= 0 ? PyLong_FromLongLong(seq_before + 1) : (Py_INCREF(minus_one), minus_one));
-    set_slot_steal(entry, E.inputs, inputs ? inputs : (Py_INCREF(empty_tuple), empty_tuple));
-    set_slot_steal(entry, E.outputs, outputs ? outputs : (Py_INCREF(empty_tuple), empty_tuple));
-    set_slot(entry, E.is_async, is_async ? Py_True : Py_False);
-    set_slot_steal(entry, E.t_enqueue_ns, PyLong_FromLongLong(now));
-    set_slot(entry, E.thread, SLOT(tls, T.thread_name) ? SLOT(tls, T.thread_name) : s_empty);
-    set_slot_steal(entry, E.site, call_site(self));
-    Py_INCREF(entry);
-    PyList_SetItem(self->slots, slot, entry); /* Ring.put: steals the new reference */
-    if (PyDict_SetItem(self->pending, rid, entry) < 0) PyErr_Clear();
+    e->pg_seq = seq_before >= 0 ? seq_before + 1 : -1;
+    set_slot_steal(entry, E_(inputs), inputs ? inputs : (Py_INCREF(empty_tuple), empty_tuple));
+    set_slot_steal(entry, E_(outputs), outputs ? outputs : (Py_INCREF(empty_tuple), empty_tuple));
+    e->is_async = (char)is_async;
+    e->t_enqueue_ns = now;
+    set_slot(entry, E_(thread), SLOT(tls, T.thread_name) ? SLOT(tls, T.thread_name) : s_empty);
+    set_slot_steal(entry, E_(site), call_site(self));
+    if (PyList_GET_ITEM(self->slots, slot) != entry) {
+        Py_INCREF(entry);
+        PyList_SetItem(self->slots, slot, entry); /* Ring.put: steals the new reference */
+    }
     PyErr_Clear();
 
-    /* ---- the call */
-    set_slot(tls, T.in_leaf, Py_True);
+    /* ---- the call: the watchdog finds the op through its thread's in_leaf (Recorder.in_flight) */
+    set_slot(tls, T.in_leaf, entry);
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     set_slot(tls, T.in_leaf, Py_False);
     if (result == NULL) {
         notify_raised(self->record_failure, entry, group);
     } else if (result == Py_None || Py_TYPE(result) == (PyTypeObject *)self->work_type) {
-        finish_cpu(self, entry, group, rid, record_id, seq_before, result);
+        finish_cpu(self, entry, group, record_id, seq_before, result);
     } else {
         PyObject *done = PyObject_CallFunctionObjArgs(self->finish, entry, group, result, NULL);
         if (done == NULL) {
@@ -614,7 +759,6 @@ record:;
     }
     Py_DECREF(group);
     Py_DECREF(entry);
-    Py_DECREF(rid);
     return result;
 }
 
@@ -703,7 +847,7 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
         || PyList_GET_SIZE(self->slots) != self->capacity || !PyDict_CheckExact(self->by_pg)
         || !PyDict_CheckExact(self->pending) || !PyDict_CheckExact(self->site_cache) || !PyType_Check(self->tensor_type)
         || !PyDict_CheckExact(self->by_work) || !PyType_Check(self->work_type)
-        || !PyDict_CheckExact(self->rec_dict) || !PyDict_CheckExact(self->world_dict) || Py_TYPE(self->ids)->tp_iternext == NULL) {
+        || !PyDict_CheckExact(self->rec_dict) || !PyDict_CheckExact(self->world_dict) || !Py_IS_TYPE(self->ids, &CounterType)) {
         PyErr_SetString(PyExc_TypeError, "Leaf config has the wrong types");
         return -1;
     }
@@ -802,22 +946,23 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     }
     Py_INCREF(entry);
-    if (Py_TYPE(entry) != entry_type || !PyUnicode_Check(SLOT(entry, E.kind))) goto slow;
-    int ok = 1;
-    PyObject *kind = SLOT(entry, E.kind); /* "coll" or "p2p": the length tells them apart */
-    if (PyUnicode_GET_LENGTH(kind) == 3 && PyUnicode_CompareWithASCIIString(kind, "p2p") == 0
-        && as_ll(SLOT(entry, E.peer), &ok) < 0)
+    if (Py_TYPE(entry) != entry_type || !PyUnicode_Check(EN(entry)->kind)) goto slow;
+    PyObject *kind = EN(entry)->kind; /* "coll" or "p2p": the length tells them apart */
+    if (PyUnicode_GET_LENGTH(kind) == 3 && PyUnicode_CompareWithASCIIString(kind, "p2p") == 0 && EN(entry)->peer < 0)
         goto slow;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     if (result == NULL) {
         notify_raised(self->wait_failed, entry, work);
-    } else if (result != Py_False && SLOT(entry, E.work) == work) { /* wait(timeout) returns False on timeout */
-        PyObject *now = PyLong_FromLongLong(monotonic_ns());
-        if (now) set_slot_steal(entry, E.t_complete_ns, now);
-        set_slot(entry, E.state, s_completed);
-        set_slot(entry, E.work, Py_None);
+    } else if (result != Py_False && EN(entry)->work == work) { /* wait(timeout) returns False on timeout */
+        EN(entry)->t_complete_ns = monotonic_ns();
+        set_slot(entry, E_(state), s_completed);
+        set_slot(entry, E_(work), Py_None);
         drop(self->by_work, key);
-        drop(self->pending, SLOT(entry, E.id));
+        if (PyDict_GET_SIZE(self->pending) > 0) { /* recorded by the Python wrapper */
+            PyObject *id = PyLong_FromLongLong(EN(entry)->id);
+            drop(self->pending, id);
+            Py_XDECREF(id);
+        }
     }
     Py_DECREF(entry);
     Py_DECREF(key);
@@ -924,13 +1069,21 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
     if ((minus_one = PyLong_FromLong(-1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
-    if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0) return NULL;
+    if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&EntryBaseType) < 0
+        || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
     Py_INCREF(&LeafType);
     Py_INCREF(&WaitType);
+    Py_INCREF(&EntryBaseType);
+    Py_INCREF(&CounterType);
+    Py_INCREF(&GroupBaseType);
     if (PyModule_AddObject(module, "Leaf", (PyObject *)&LeafType) < 0
         || PyModule_AddObject(module, "Wait", (PyObject *)&WaitType) < 0
+        || PyModule_AddObject(module, "EntryBase", (PyObject *)&EntryBaseType) < 0
+        || PyModule_AddObject(module, "Counter", (PyObject *)&CounterType) < 0
+        || PyModule_AddObject(module, "GroupBase", (PyObject *)&GroupBaseType) < 0
         || PyModule_AddIntConstant(module, "SUPPORTED", FASTPATH_SUPPORTED) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -75,6 +75,12 @@ def _enrich_cpp_entries(entries: list[Entry], fr: dict[str, Any] | None) -> None
             entry.state = "completed" if entry.pg_seq <= last_done else "started"
 
 
+def _hot_path(rec: Recorder) -> dict[str, bool]:
+    """Which hot path recorded (docs/dump-format.md): the C one, and whether it read through the torch reader."""
+    c = fastpath.available() and not rec.settings.stacks
+    return {"c": c, "torch_reader": fastpath.uses_torch_reader() if c else peek.load() is not None}
+
+
 def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[str, Any]:
     rank, world_size = process_rank()
     rec.poll_works()
@@ -106,7 +112,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
         "dump_time_ns": wall_ns,
         "clock": {"wall_ns": wall_ns, "mono_ns": mono_ns},
         "settings": rec.settings.as_dict(),
-        "hot_path": {"c": fastpath.available() and not rec.settings.stacks, "torch_reader": peek.load() is not None},
+        "hot_path": _hot_path(rec),
         "capacity": rec.ring.capacity,
         "recorded": rec.ring.recorded,
         "dropped": max(0, rec.ring.recorded - len(entries)),

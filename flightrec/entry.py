@@ -15,6 +15,7 @@ from typing import Any
 
 from .packed import pack, packable
 from .stacks import site_frame
+from .storage import c_base
 
 STATES = ("enqueued", "started", "completed", "failed", "unknown")
 
@@ -26,14 +27,24 @@ COLUMNS = (
 )
 
 
-class Entry:
-    """Mutable record of one op; the watchdog and completion callbacks update `state` in place."""
+class _PyStorage:
+    """Entry's fields as Python slots: the storage when the C hot path is not built."""
 
     __slots__ = (
         "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op",
         "inputs", "outputs", "is_async", "unit", "state", "error", "t_enqueue_ns", "t_complete_ns",
         "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack", "source", "work", "device",
     )
+
+
+_Storage: type = c_base("EntryBase") or _PyStorage  # storage.py: why the fields may live in C
+FIELDS = _PyStorage.__slots__
+
+
+class Entry(_Storage):  # type: ignore[misc, valid-type]
+    """Mutable record of one op; the watchdog and completion callbacks update `state` in place."""
+
+    __slots__ = ()
 
     def __init__(self, record_id: int, group: str, kind: str, op: str, api: str) -> None:
         self.reset(record_id, group, kind, op, api)

@@ -29,6 +29,7 @@ except ImportError:  # not built (no compiler at install time): pure Python
     _fastpath = None  # type: ignore[assignment]
 
 _configured = False
+_with_reader = False
 
 
 def available() -> bool:
@@ -38,16 +39,36 @@ def available() -> bool:
         return False
     if not _configured:
         try:
-            try:
-                _fastpath.configure(Entry, GroupState, ThreadState, peek.fastpath_capsule())
-            except ValueError as exc:  # a torch reader of another version: do without it
-                log.warn_once("fastpath-peek", f"C hot path not using the torch reader: {exc}")
-                _fastpath.configure(Entry, GroupState, ThreadState, None)
+            _configure(peek.fastpath_capsule())
         except Exception as exc:  # noqa: BLE001 - a layout it does not know: the Python path records
             log.warn_once("fastpath", f"C hot path unavailable, recording in Python: {exc!r}")
             return False
         _configured = True
+        peek.when_loaded(_attach_reader)  # armed half-way through `import torch`: the reader comes later
     return True
+
+
+def uses_torch_reader() -> bool:
+    """Whether the C hot path reads tensors and counters through the built torch reader."""
+    return available() and _with_reader
+
+
+def _configure(capsule: Any) -> None:
+    global _with_reader
+    try:
+        _fastpath.configure(Entry, GroupState, ThreadState, capsule)
+        _with_reader = capsule is not None
+    except ValueError as exc:  # a torch reader of another version: do without it
+        log.warn_once("fastpath-peek", f"C hot path not using the torch reader: {exc!r}")
+        _fastpath.configure(Entry, GroupState, ThreadState, None)
+        _with_reader = False
+
+
+def _attach_reader() -> None:
+    try:
+        _configure(peek.fastpath_capsule())
+    except Exception as exc:  # noqa: BLE001 - the C path keeps reading through torch's bindings
+        log.warn_once("fastpath-attach", f"C hot path not using the torch reader: {exc!r}")
 
 
 def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callable[..., Any],

@@ -16,17 +16,28 @@ import torch.distributed as dist
 
 from . import peek
 from .members import compact_ranks
+from .storage import c_base
 
 
 def _no_sequence_number() -> int:
     return -1
 
 
-class GroupState:
+class _PyStorage:
+    """GroupState's fields as Python slots: the storage when the C hot path is not built."""
+
     __slots__ = (
         "pg", "name", "desc", "backend", "ranks", "rank_in_group", "coll_seq", "sent", "received",
         "last_pg_seq", "busy", "read_seq", "steps",
     )
+
+
+_Storage: type = c_base("GroupBase") or _PyStorage  # storage.py: why the counters may live in C
+FIELDS = _PyStorage.__slots__
+
+
+class GroupState(_Storage):  # type: ignore[misc, valid-type]
+    __slots__ = ()
 
     def __init__(self, pg: Any, name: str, desc: str, backend: str, ranks: list[int], rank_in_group: int):
         self.pg = pg

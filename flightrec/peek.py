@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,6 +35,7 @@ MODULE = "flightrec._torchpeek"
 SOURCE = Path(__file__).with_name("_torchpeek.cpp")
 _UNSET = object()
 _loaded: Any = _UNSET  # (module, capsule) or None, once looked for
+_when_loaded: list[Callable[[], None]] = []
 
 
 class BuildError(RuntimeError):
@@ -73,20 +75,38 @@ def load() -> tuple[ModuleType, Any] | None:
     global _loaded
     if _loaded is not _UNSET:
         return _loaded
-    _loaded = None
     if os.environ.get("FLIGHTREC_TORCHPEEK", "1") == "0":
+        _loaded = None
         return None
+    parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+    if parameter is None:
+        # `FLIGHTREC=1` arms the recorder while `import torch` is still running (torch imports
+        # torch.distributed before torch.nn): decide at a later call, once torch is whole.
+        return None
+    _loaded = None
     try:
         path = find()
         if path is None:
             return None
         module = sys.modules.get(MODULE) or _import(path)
-        capsule = module.configure(torch.Tensor, torch.nn.Parameter, torch.Size,
-                                   torch._C._distributed_c10d.ProcessGroup)
+        capsule = module.configure(torch.Tensor, parameter, torch.Size, torch._C._distributed_c10d.ProcessGroup)
         _loaded = (module, capsule)
     except Exception as exc:  # noqa: BLE001 - a stale or foreign build: torch's getters still work
         log.warn_once("torchpeek", f"ignoring the built torch reader: {exc!r}")
+    callbacks = _when_loaded[:]
+    _when_loaded.clear()
+    if _loaded is not None:
+        for callback in callbacks:
+            callback()
     return _loaded
+
+
+def when_loaded(callback: Callable[[], None]) -> None:
+    """Call `callback` when a later `load()` loads the reader, if the question is still open (torch
+    was still importing at the first one): the C hot path is configured before any group exists,
+    and every group's registration loads the reader."""
+    if _loaded is _UNSET:
+        _when_loaded.append(callback)
 
 
 def _import(path: Path) -> ModuleType:

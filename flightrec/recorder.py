@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -63,12 +64,15 @@ def _endpoint(global_rank: Any, group_rank: Any, group: GroupState, is_root: boo
 
 class ThreadState:
     """Per-thread call context, one plain object per thread: its fields cost a slot read each,
-    where a `threading.local` subclass costs a per-thread dictionary lookup per field."""
+    where a `threading.local` subclass costs a per-thread dictionary lookup per field.
 
-    __slots__ = ("in_leaf", "api", "unit", "thread_name")
+    `in_leaf` is falsy outside a wrapped call; inside one it is True (Python wrapper) or the Entry of
+    the call (C hot path), which the C path files in no table while it runs (`Recorder.in_flight`)."""
+
+    __slots__ = ("in_leaf", "api", "unit", "thread_name", "__weakref__")
 
     def __init__(self) -> None:
-        self.in_leaf = False
+        self.in_leaf: bool | Entry = False
         self.api: str | None = None
         self.unit: list[Entry] | None = None
         self.thread_name = threading.current_thread().name
@@ -84,6 +88,7 @@ class Recorder:
         self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
         self.by_work: dict[int, Entry] = {}  # id(Work) -> CPU op, for the Work.wait wrapper
         self.local = threading.local()  # .state: this thread's ThreadState
+        self.threads: list[weakref.ref[ThreadState]] = []  # every live thread's, for the watchdog
         self.cpp_lock = threading.Lock()  # only around C++-op bookkeeping, held for microseconds
         self.active = True
         self.cpp_open: list[Entry] = []  # C++ ops whose completion is not known yet
@@ -96,6 +101,8 @@ class Recorder:
             return self.local.state
         except AttributeError:
             state = self.local.state = ThreadState()
+            # A new list, not an append under an iterating reader: the watchdog reads whichever it got.
+            self.threads = [ref for ref in self.threads if ref() is not None] + [weakref.ref(state)]
             return state
 
     def compile(self, spec: OpSpec) -> Callable[[tuple[Any, ...], dict[str, Any], ThreadState],
@@ -186,7 +193,7 @@ class Recorder:
                 return  # a coalesced op: the unit's works complete it (see end_unit)
             entry.t_complete_ns = _monotonic_ns()
             entry.state = "completed"  # blocking call returned (device ops: host-side completion)
-            del self.pending[entry.id]
+            self.pending.pop(entry.id, None)
             return
         if entry.kind == "p2p" and entry.peer < 0 and isinstance(result, int) and result >= 0:
             self._resolve_any_source(entry, group, result)
@@ -400,9 +407,17 @@ class Recorder:
                 return group
         return None
 
-    def oldest_pending(self) -> Entry | None:
-        pending = list(self.pending.values())
-        return min(pending, key=lambda e: e.t_enqueue_ns) if pending else None
+    def in_flight(self) -> list[Entry]:
+        """Every op not complete yet that a wrapped call recorded: the Python wrapper's are in
+        `pending`; the C hot path files a blocking op in no table, its thread's `in_leaf` holds it
+        while it runs (one dictionary insert and removal fewer per op), and an async one in
+        `by_work` once its call returned."""
+        found = {e.id: e for table in (self.pending, self.by_work, self.polled) for e in list(table.values())}
+        for ref in self.threads:
+            entry = getattr(ref(), "in_leaf", None)
+            if isinstance(entry, Entry):
+                found[entry.id] = entry
+        return [e for e in found.values() if e.pending]
 
     def entries(self) -> list[Entry]:
         items = self.ring.snapshot()

@@ -12,6 +12,11 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+try:  # the C hot path reads its count without making an int (flightrec/_fastpath.c)
+    from ._fastpath import Counter as _Counter
+except ImportError:  # not built: pure Python
+    _Counter = itertools.count
+
 T = TypeVar("T")
 
 
@@ -23,7 +28,7 @@ class Ring(Generic[T]):
             raise ValueError(f"ring capacity must be >= 1, got {capacity}")
         self._slots: list[T | None] = [None] * capacity
         self._capacity = capacity
-        self._ids = itertools.count()
+        self._ids = _Counter()
         self._recorded = 0
 
     @property
@@ -52,7 +57,7 @@ class Ring(Generic[T]):
 
     @property
     def ids(self) -> Iterator[int]:
-        """The id counter itself (`itertools.count`), for the C hot path (flightrec/_fastpath.c)."""
+        """The id counter itself (`_fastpath.Counter`, else `itertools.count`), for the C hot path."""
         return self._ids
 
     def put(self, record_id: int, item: T) -> None:

@@ -167,7 +167,7 @@ class Watchdog:
     def _check_timeouts(self) -> None:
         limit_ns = int(self.settings.timeout_s * 1e9)
         now = time.monotonic_ns()
-        candidates = list(self.rec.pending.values())
+        candidates = self.rec.in_flight()
         candidates += [e for e in self.rec.cpp_open if e.state == "started"]
         stuck = [e for e in candidates if e.pending and now - e.t_enqueue_ns > limit_ns and e.id not in self._fired]
         if not stuck:

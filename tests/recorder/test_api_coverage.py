@@ -197,3 +197,21 @@ def test_watchdog_completes_async_ops_nobody_waits_on(tmp_path: Path, mode: str)
         result = json.loads((tmp_path / f"unwaited-{rank}.json").read_text())
         assert result == {"state": "completed", "work_done": True, "by_work": 0, "pending": 0,
                           "wrapper": "Leaf" if mode == "c" else "function"}
+
+
+@pytest.mark.parametrize("mode", ["c", "python"])
+def test_the_watchdog_sees_every_op_in_flight(tmp_path: Path, mode: str) -> None:
+    """A blocking op of the C hot path is in no table while it runs (its thread's in_leaf holds
+    it), an async one is in by_work: the watchdog's `in_flight` must find both, as the Python
+    wrapper's (in `pending`), and nothing once they completed."""
+    if mode == "c" and not fastpath.available():
+        pytest.skip("the C hot path is off or not built")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FLIGHTREC_FASTPATH", "1" if mode == "c" else "0")
+        run_ranks(workers.ops_in_flight, 2, str(tmp_path), timeout_s=60)
+    seen = json.loads((tmp_path / "in-flight-0.json").read_text())
+    assert seen["blocking"] == [["all_reduce", "started", 2]]
+    assert seen["blocking_in_pending"] == (0 if mode == "c" else 1)
+    assert seen["async"] == [["all_reduce", "started", 3]]
+    assert seen["after"] == []
+    assert json.loads((tmp_path / "in-flight-1.json").read_text())["after"] == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import shlex
 import shutil
@@ -9,10 +11,13 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import weakref
 from pathlib import Path
 
 import pytest
+import torch
 
+from flightrec import entry as entry_module
 from flightrec import fastpath
 from flightrec.ring import Ring
 from flightrec.settings import Settings, SettingsError, load_settings
@@ -229,3 +234,98 @@ def test_c_hot_path_is_built_where_a_compiler_is() -> None:
         pytest.skip("no C compiler: the recorder is pure Python here")
     assert fastpath._fastpath is not None, "flightrec/_fastpath.c was not built by `pip install`"
     assert fastpath._fastpath.SUPPORTED or sys.version_info < (3, 11)
+
+
+def _storages() -> list[type]:
+    """Entry over each storage this build has: Python slots, and the C hot path's EntryBase."""
+    methods = {name: vars(entry_module.Entry)[name] for name in ("__init__", "reset", "pending")}
+    kinds = [entry_module._PyStorage]
+    if fastpath._fastpath is not None and fastpath._fastpath.SUPPORTED:
+        kinds.append(fastpath._fastpath.EntryBase)
+    return [type(f"Entry_{kind.__name__}", (kind,), {"__slots__": (), **methods}) for kind in kinds]
+
+
+@pytest.mark.parametrize("entry_type", _storages(), ids=lambda t: t.__name__)
+def test_entry_storages_hold_the_same_fields_with_the_same_defaults(entry_type: type) -> None:
+    """The dump, the watchdog and the Python wrapper read an Entry by its attributes: the C storage
+    must hold every field the Python one has, with the same defaults and the same None-able times."""
+    e = entry_type(7, "0", "coll", "all_reduce", "all_reduce")
+    reference = _storages()[0](7, "0", "coll", "all_reduce", "all_reduce")
+    for name in entry_module.FIELDS:
+        assert getattr(e, name) == getattr(reference, name), name
+    assert e.pending and e.t_complete_ns is None and e.is_async is False
+    for name, value in (("id", 2**40), ("seq", 3), ("pg_seq", -1), ("peer", 5), ("root", 0), ("unit", 9),
+                        ("t_enqueue_ns", 10**18), ("t_complete_ns", 10**18 + 1), ("t_dev_start_ns", 1),
+                        ("t_dev_end_ns", 2), ("is_async", True), ("state", "completed"), ("error", "E: x"),
+                        ("inputs", ((torch.Size([2]), torch.float32),)), ("site", None), ("work", object())):
+        setattr(e, name, value)
+        assert getattr(e, name) == value, name
+    assert not e.pending
+    e.t_complete_ns = None
+    assert e.t_complete_ns is None
+    e.reset(8, "1", "p2p", "send", "isend")
+    assert (e.id, e.group, e.kind, e.t_dev_end_ns, e.work, e.state) == (8, "1", "p2p", None, None, "started")
+
+
+def test_c_entry_storage_refuses_what_it_cannot_hold() -> None:
+    if fastpath._fastpath is None or not fastpath._fastpath.SUPPORTED:
+        pytest.skip("the C hot path is not built")
+    e = _storages()[1](1, "0", "coll", "all_reduce", "all_reduce")
+    with pytest.raises(TypeError):
+        e.seq = "3"
+    with pytest.raises(TypeError):
+        e.is_async = 1  # as a Python Entry never gets: the wrappers store bools
+    with pytest.raises(AttributeError):
+        e.not_a_field = 1
+
+
+def test_c_entry_storage_is_seen_by_the_garbage_collector() -> None:
+    """An Entry can sit in a cycle (its Work's future callback holds it): the C storage must let
+    the collector break it."""
+    if fastpath._fastpath is None or not fastpath._fastpath.SUPPORTED:
+        pytest.skip("the C hot path is not built")
+
+    class Holder:
+        pass
+
+    e = _storages()[1](1, "0", "coll", "all_reduce", "all_reduce")
+    holder = Holder()
+    holder.entry, e.work = e, holder
+    alive = weakref.ref(holder)
+    del e, holder
+    gc.collect()
+    assert alive() is None
+
+
+def test_ring_ids_count_like_itertools_count() -> None:
+    ring = Ring(4)
+    assert [ring.next_id() for _ in range(5)] == list(itertools.islice(itertools.count(), 5))
+    if fastpath._fastpath is not None:
+        assert type(ring.ids) is fastpath._fastpath.Counter and ring.ids.next == 5
+
+
+def test_group_storages_hold_the_same_fields() -> None:
+    """GroupState keeps its counters in C where the hot path is built: same fields, same values."""
+    from flightrec import groups
+
+    class FakeGroup:
+        def _get_sequence_number_for_group(self) -> int:
+            return 5
+
+    pg = FakeGroup()
+    kinds = [groups._PyStorage] + ([fastpath._fastpath.GroupBase] if fastpath._fastpath is not None
+                                   and fastpath._fastpath.SUPPORTED else [])
+    methods = {k: v for k, v in vars(groups.GroupState).items() if k not in ("__slots__", "__module__", "__doc__")}
+    states = [type(f"GroupState_{kind.__name__}", (kind,), {**methods, "__slots__": ()})(pg, "7", "d", "gloo", [0, 3], 1)
+              for kind in kinds]
+    for state in states:
+        assert (state.coll_seq, state.last_pg_seq, state.busy, state.ranks, state.global_rank(1)) == (5, 5, 0, [0, 3], 3)
+        state.busy += 1
+        state.coll_seq += 2
+        state.last_pg_seq = 2**40
+        assert (state.busy, state.coll_seq, state.last_pg_seq) == (1, 7, 2**40)
+        for name in groups.FIELDS:
+            assert getattr(state, name) == getattr(states[0], name), name
+    if fastpath._fastpath is not None and fastpath._fastpath.SUPPORTED:
+        assert groups.GroupState.__mro__[1] is fastpath._fastpath.GroupBase
+        assert entry_module.Entry.__mro__[1] is fastpath._fastpath.EntryBase

@@ -3,8 +3,12 @@ ignored when stale or switched off, and a build failure that says why."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +147,18 @@ def test_build_falls_back_to_the_next_writable_folder(tmp_path: Path, monkeypatc
     built = peek.build()
     assert built.parent == cache and built.name == peek.file_name()
     assert peek.find() == built
+
+
+def test_a_job_armed_by_the_startup_hook_reads_through_the_torch_reader(built: object, tmp_path: Path) -> None:
+    """`FLIGHTREC=1` arms the recorder half-way through `import torch` (before torch.nn exists): the
+    reader must still be loaded, and the C hot path use it, once torch is whole."""
+    code = ("import torch, torch.distributed as dist, flightrec; "
+            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1); "
+            "dist.all_reduce(torch.ones(2)); print(flightrec.dump(reason='check'))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(env, FLIGHTREC="1", FLIGHTREC_DIR=str(tmp_path)), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "torch reader" not in run.stderr, run.stderr
+    dump = json.loads(gzip.decompress(Path(run.stdout.split()[-1]).read_bytes()))
+    assert dump["hot_path"] == {"c": True, "torch_reader": True}

@@ -275,3 +275,47 @@ def unwaited_async(rank: int, world_size: int, port: int, out: str) -> None:
         json.dump(result, handle)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def ops_in_flight(rank: int, world_size: int, port: int, out: str) -> None:
+    """What the watchdog sees as in flight while rank 0 waits for a late rank 1: a blocking op
+    (the C hot path files it in no table: its thread's in_leaf holds it), then an async one."""
+    import json
+    import threading
+
+    from flightrec import control
+
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    rec = control._state.recorder
+    dist.barrier()
+    seen: dict[str, object] = {}
+    if rank == 0:
+        def look() -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                found = rec.in_flight()
+                if found:
+                    seen["blocking"] = [(e.api, e.state, e.seq) for e in found]
+                    seen["blocking_in_pending"] = len(rec.pending)
+                    return
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=look)
+        watcher.start()
+        dist.all_reduce(torch.ones(3))
+        watcher.join()
+    else:
+        time.sleep(1.0)
+        dist.all_reduce(torch.ones(3))
+    if rank == 1:
+        time.sleep(1.0)
+    work = dist.all_reduce(torch.ones(3), async_op=True)
+    if rank == 0:
+        seen["async"] = [(e.api, e.state, e.seq) for e in rec.in_flight()]
+    work.wait()
+    seen["after"] = [(e.api, e.state) for e in rec.in_flight()]
+    with open(os.path.join(out, f"in-flight-{rank}.json"), "w") as handle:
+        json.dump(seen, handle)
+    dist.barrier()
+    dist.destroy_process_group()

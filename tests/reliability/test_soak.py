@@ -45,7 +45,7 @@ for i in range(OPS):
 rec = control.current().recorder
 print(json.dumps({
     "samples": samples, "seconds": time.monotonic() - began, "recorded": rec.ring.recorded,
-    "pending": len(rec.pending), "polled": len(rec.polled), "by_work": len(rec.by_work),
+    "pending": len(rec.pending), "in_flight": len(rec.in_flight()), "polled": len(rec.polled), "by_work": len(rec.by_work),
     "cpp_open": len(rec.cpp_open), "errors": list(log.errors),
     "dumps": sorted(os.listdir(sys.argv[1])) if os.path.isdir(sys.argv[1]) else [],
 }))
@@ -59,7 +59,7 @@ def test_soak_200k_collectives_flat_memory_no_false_alarm(tmp_path: Path, capsys
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["recorded"] == OPS
-    assert got["pending"] == got["polled"] == got["by_work"] == got["cpp_open"] == 0
+    assert got["pending"] == got["in_flight"] == got["polled"] == got["by_work"] == got["cpp_open"] == 0
     assert got["errors"] == [] and got["dumps"] == []  # no watchdog false alarm, nothing swallowed
     samples = dict(got["samples"])
     full = samples[20_000]  # the ring (1000 entries) is long full; allocator pools have settled

@@ -206,7 +206,7 @@ def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: 
     path = flightrec.dump("threads-and-groups")
     _save(f"{result}.{rank}", {"path": path, "created_s": created_s, "live_after_many": live_after_many,
                                "live_at_end": len(registry.known()), "retired": len(registry.retired),
-                               "pending": len(control.current().recorder.pending)})
+                               "pending": len(control.current().recorder.in_flight())})
     dist.destroy_process_group()
 
 
@@ -241,5 +241,5 @@ def a_thousand_groups(rank: int, world_size: int, port: int, out: str, result: s
     registry = control.current().recorder.groups
     path = flightrec.dump("a-thousand-groups")
     _save(f"{result}.{rank}", {"path": path, "created_s": created_s, "live": len(registry.known()),
-                               "pending": len(control.current().recorder.pending)})
+                               "pending": len(control.current().recorder.in_flight())})
     dist.destroy_process_group()
