@@ -40,12 +40,18 @@ typedef struct {
     PyObject_HEAD
     long long id, seq, pg_seq, peer, root, unit, t_enqueue_ns, t_complete_ns, t_dev_start_ns, t_dev_end_ns;
     char is_async;
-    PyObject *group, *kind, *op, *api, *reduce_op, *inputs, *outputs, *state, *error, *thread, *site, *stack,
+    char state; /* an index into STATE_NAMES (entry.STATES), read and written as its name */
+    PyObject *group, *kind, *op, *api, *reduce_op, *inputs, *outputs, *error, *thread, *site, *stack,
         *source, *work, *device;
 } EntryObject;
 
-#define ENTRY_OBJECTS(X) X(group) X(kind) X(op) X(api) X(reduce_op) X(inputs) X(outputs) X(state) X(error) \
+#define ENTRY_OBJECTS(X) X(group) X(kind) X(op) X(api) X(reduce_op) X(inputs) X(outputs) X(error) \
     X(thread) X(site) X(stack) X(source) X(work) X(device)
+
+/* flightrec/entry.py's STATES (tests/recorder/test_recorder_units.py checks they are the same) */
+enum { ENQUEUED, STARTED, COMPLETED, FAILED, UNKNOWN, N_STATES };
+static const char *STATE_TEXT[N_STATES] = {"enqueued", "started", "completed", "failed", "unknown"};
+static PyObject *STATE_NAMES[N_STATES]; /* interned */
 #define EN(obj) ((EntryObject *)(obj))
 #define E_(field) offsetof(EntryObject, field)
 
@@ -101,6 +107,7 @@ static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->id = self->seq = self->pg_seq = self->peer = self->root = self->unit = -1;
     self->t_enqueue_ns = 0;
     self->t_complete_ns = self->t_dev_start_ns = self->t_dev_end_ns = NO_TIME;
+    self->state = STARTED;
     return (PyObject *)self;
 }
 
@@ -139,9 +146,31 @@ static PyMemberDef entry_members[] = {
 #undef INT_MEMBER
 #undef OBJECT_MEMBER
 
+/* state: one of entry.STATES, kept as its index so that the hot path changes it with a byte store */
+static PyObject *entry_get_state(EntryObject *self, void *closure)
+{
+    PyObject *name = STATE_NAMES[(int)self->state];
+    Py_INCREF(name);
+    return name;
+}
+
+static int entry_set_state(EntryObject *self, PyObject *value, void *closure)
+{
+    for (int i = 0; value != NULL && PyUnicode_Check(value) && i < N_STATES; i++) {
+        if (value == STATE_NAMES[i] || PyUnicode_Compare(value, STATE_NAMES[i]) == 0) {
+            self->state = (char)i;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "an entry's state is one of enqueued, started, completed, failed, unknown; not %R",
+                 value);
+    return -1;
+}
+
 #define TIME_GETSET(field) {#field, (getter)entry_get_time, (setter)entry_set_time, NULL, (void *)E_(field)},
 static PyGetSetDef entry_getset[] = {
     TIME_GETSET(t_complete_ns) TIME_GETSET(t_dev_start_ns) TIME_GETSET(t_dev_end_ns)
+    {"state", (getter)entry_get_state, (setter)entry_set_state, NULL, NULL},
     {NULL},
 };
 #undef TIME_GETSET
@@ -225,7 +254,7 @@ static ThreadLayout T;
 
 /* constants shared by every wrapper */
 static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu, *s_startswith;
-static PyObject *s_started, *s_completed, *s_failed, *s_python, *s_cpu, *s_empty;
+static PyObject *s_python, *s_cpu, *s_empty;
 static PyObject *minus_one, *empty_tuple;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
@@ -569,7 +598,7 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long r
     GR(group)->busy--;
     if (work == Py_None) {
         EN(entry)->t_complete_ns = monotonic_ns();
-        set_slot(entry, E_(state), s_completed);
+        EN(entry)->state = COMPLETED;
     } else {
         PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
         set_slot(entry, E_(work), work);
@@ -577,6 +606,19 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long r
         Py_XDECREF(key);
     }
     PyErr_Clear();
+}
+
+/* This thread's ThreadState (Recorder.thread_state made it), looked up once per thread; NULL: Python path */
+static PyObject *thread_state(PyObject *local, uint64_t *cached_id, PyObject **cached)
+{
+    uint64_t thread_id = PyThreadState_GetID(PyThreadState_Get());
+    if (*cached != NULL && thread_id == *cached_id) return *cached;
+    PyObject *tls = PyObject_GetAttr(local, s_state);
+    if (tls == NULL) { PyErr_Clear(); return NULL; }
+    if (Py_TYPE(tls) != thread_type) { Py_DECREF(tls); return NULL; }
+    Py_XSETREF(*cached, tls); /* keeps it alive, and this thread's for the next call */
+    *cached_id = thread_id;
+    return tls;
 }
 
 static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -589,15 +631,8 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
         PyErr_Clear();
         return call_slow(self, args, nargsf, kwnames);
     }
-    uint64_t thread_id = PyThreadState_GetID(PyThreadState_Get());
-    PyObject *tls = self->tls_state;
-    if (tls == NULL || thread_id != self->tls_id) {
-        tls = PyObject_GetAttr(self->local, s_state);
-        if (tls == NULL) { PyErr_Clear(); return call_slow(self, args, nargsf, kwnames); }
-        if (Py_TYPE(tls) != thread_type) { Py_DECREF(tls); return call_slow(self, args, nargsf, kwnames); }
-        Py_XSETREF(self->tls_state, tls); /* keeps it alive, and this thread's for the next call */
-        self->tls_id = thread_id;
-    }
+    PyObject *tls = thread_state(self->local, &self->tls_id, &self->tls_state);
+    if (tls == NULL) return call_slow(self, args, nargsf, kwnames);
     if (SLOT(tls, T.in_leaf) != Py_False) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     if (SLOT(tls, T.unit) != Py_None) return call_slow(self, args, nargsf, kwnames);
 
@@ -671,7 +706,7 @@ record:;
     Py_ssize_t slot = (Py_ssize_t)(record_id % self->capacity);
     PyObject *entry = PyList_GET_ITEM(self->slots, slot);
     if (entry != Py_None && Py_TYPE(entry) == entry_type
-        && (str_equal(EN(entry)->state, s_completed) || str_equal(EN(entry)->state, s_failed))
+        && (EN(entry)->state == COMPLETED || EN(entry)->state == FAILED)
         && str_equal(EN(entry)->source, s_python) && EN(entry)->work == Py_None) {
         Py_INCREF(entry); /* Entry.reset */
         EntryObject *e = EN(entry);
@@ -683,7 +718,7 @@ record:;
         set_slot(entry, E_(op), self->op_name);
         set_slot(entry, E_(api), api);
         set_slot(entry, E_(reduce_op), Py_None);
-        set_slot(entry, E_(state), s_started);
+        e->state = STARTED;
         set_slot(entry, E_(error), Py_None);
         set_slot(entry, E_(stack), Py_None);
         set_slot(entry, E_(device), s_cpu);
@@ -915,16 +950,23 @@ static PyTypeObject LeafType = {
 
 /* Work.wait, wrapped: every wait of every Work passes here (PyTorch's own blocking collectives
  * wait on theirs), so the common cases cost no Python frame: a Work we do not follow, and the
- * completion of one we do. A failed wait, or a receive from any source, goes to the Python wrapper. */
+ * completion of one we do. A failed wait, or a receive from any source, goes to the Python wrapper.
+ *
+ * The completion's bookkeeping is done before the wait blocks, while the caches are warm: the entry
+ * leaves by_work and lets go of its Work, and for the watchdog its thread's in_leaf holds it while it
+ * waits (Recorder.in_flight). After the wait only the entry itself is written. A wait that raises or
+ * times out puts everything back first. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *original, *slow, *by_work, *pending, *wait_failed;
+    PyObject *original, *slow, *by_work, *pending, *wait_failed, *local;
+    uint64_t tls_id;     /* as in Leaf: this thread's ThreadState, looked up once per thread */
+    PyObject *tls_state;
     int enabled;
 } Wait;
 
-#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(wait_failed)
+#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(wait_failed) X(local) X(tls_state)
 
 static void drop(PyObject *dict, PyObject *key)
 {
@@ -945,30 +987,43 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
         if (PyErr_Occurred()) { PyErr_Clear(); return PyObject_Vectorcall(self->slow, args, nargsf, kwnames); }
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     }
-    Py_INCREF(entry);
-    if (Py_TYPE(entry) != entry_type || !PyUnicode_Check(EN(entry)->kind)) goto slow;
+    PyObject *tls = thread_state(self->local, &self->tls_id, &self->tls_state);
+    if (tls == NULL || Py_TYPE(entry) != entry_type || EN(entry)->work != work || !PyUnicode_Check(EN(entry)->kind))
+        goto slow;
     PyObject *kind = EN(entry)->kind; /* "coll" or "p2p": the length tells them apart */
     if (PyUnicode_GET_LENGTH(kind) == 3 && PyUnicode_CompareWithASCIIString(kind, "p2p") == 0 && EN(entry)->peer < 0)
         goto slow;
+    Py_INCREF(entry);
+    Py_INCREF(tls);
+    PyObject *outer = SLOT(tls, T.in_leaf); /* False, or set by a wrapped call that waits inside */
+    Py_INCREF(outer);
+    set_slot(tls, T.in_leaf, entry);
+    EN(entry)->work = NULL; /* the caller's reference (args[0]) keeps the Work alive meanwhile */
+    drop(self->by_work, key);
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    if (result == NULL) {
-        notify_raised(self->wait_failed, entry, work);
-    } else if (result != Py_False && EN(entry)->work == work) { /* wait(timeout) returns False on timeout */
+    set_slot(tls, T.in_leaf, outer);
+    if (result != NULL && result != Py_False) { /* wait(timeout) returns False on timeout */
         EN(entry)->t_complete_ns = monotonic_ns();
-        set_slot(entry, E_(state), s_completed);
-        set_slot(entry, E_(work), Py_None);
-        drop(self->by_work, key);
+        EN(entry)->state = COMPLETED;
+        EN(entry)->work = Py_None;
+        Py_INCREF(Py_None);
+        Py_DECREF(work); /* the entry's reference */
         if (PyDict_GET_SIZE(self->pending) > 0) { /* recorded by the Python wrapper */
             PyObject *id = PyLong_FromLongLong(EN(entry)->id);
             drop(self->pending, id);
             Py_XDECREF(id);
         }
+    } else { /* still running or failed: followed as before the wait */
+        EN(entry)->work = work; /* takes back the entry's reference */
+        if (PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
+        if (result == NULL) notify_raised(self->wait_failed, entry, work);
     }
+    Py_DECREF(outer);
+    Py_DECREF(tls);
     Py_DECREF(entry);
     Py_DECREF(key);
     return result;
 slow:
-    Py_DECREF(entry);
     Py_DECREF(key);
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
@@ -1005,7 +1060,8 @@ static int wait_init(Wait *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &config)) return -1;
-#define TAKE(field) if (strcmp(#field, "dict") && take(config, #field, &self->field) < 0) return -1;
+#define TAKE(field) if (strcmp(#field, "dict") && strcmp(#field, "tls_state") && take(config, #field, &self->field) < 0) \
+        return -1;
     WAIT_OBJECTS(TAKE)
 #undef TAKE
     if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending)) {
@@ -1065,8 +1121,8 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 {
     INTERN(s_active, "active") INTERN(s_state, "state") INTERN(s_default_pg, "_default_pg")
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu") INTERN(s_startswith, "startswith")
-    INTERN(s_started, "started") INTERN(s_completed, "completed") INTERN(s_failed, "failed")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
+    for (int i = 0; i < N_STATES; i++) INTERN(STATE_NAMES[i], STATE_TEXT[i])
     if ((minus_one = PyLong_FromLong(-1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&EntryBaseType) < 0

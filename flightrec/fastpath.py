@@ -112,7 +112,7 @@ def wait(rec: Recorder, original: Callable[..., Any], slow: Callable[..., Any]) 
             log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
 
     config = {"original": original, "slow": slow, "by_work": rec.by_work, "pending": rec.pending,
-              "wait_failed": wait_failed}
+              "wait_failed": wait_failed, "local": rec.local}
     return _build(_fastpath.Wait, config, slow, "Work.wait")
 
 

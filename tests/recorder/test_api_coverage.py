@@ -202,8 +202,9 @@ def test_watchdog_completes_async_ops_nobody_waits_on(tmp_path: Path, mode: str)
 @pytest.mark.parametrize("mode", ["c", "python"])
 def test_the_watchdog_sees_every_op_in_flight(tmp_path: Path, mode: str) -> None:
     """A blocking op of the C hot path is in no table while it runs (its thread's in_leaf holds
-    it), an async one is in by_work: the watchdog's `in_flight` must find both, as the Python
-    wrapper's (in `pending`), and nothing once they completed."""
+    it), an async one is in by_work until waited on, then in in_leaf while its wait blocks: the
+    watchdog's `in_flight` must find them all, as the Python wrapper's (in `pending`), and nothing
+    once they completed."""
     if mode == "c" and not fastpath.available():
         pytest.skip("the C hot path is off or not built")
     with pytest.MonkeyPatch.context() as env:
@@ -212,6 +213,6 @@ def test_the_watchdog_sees_every_op_in_flight(tmp_path: Path, mode: str) -> None
     seen = json.loads((tmp_path / "in-flight-0.json").read_text())
     assert seen["blocking"] == [["all_reduce", "started", 2]]
     assert seen["blocking_in_pending"] == (0 if mode == "c" else 1)
-    assert seen["async"] == [["all_reduce", "started", 3]]
+    assert seen["async"] == seen["waiting"] == [["all_reduce", "started", 3]]
     assert seen["after"] == []
     assert json.loads((tmp_path / "in-flight-1.json").read_text())["after"] == []

@@ -277,6 +277,11 @@ def test_c_entry_storage_refuses_what_it_cannot_hold() -> None:
         e.is_async = 1  # as a Python Entry never gets: the wrappers store bools
     with pytest.raises(AttributeError):
         e.not_a_field = 1
+    for state in entry_module.STATES:  # kept as an index in C: every state, and only those
+        e.state = state
+        assert e.state == state
+    with pytest.raises(ValueError, match="'done'"):
+        e.state = "done"
 
 
 def test_c_entry_storage_is_seen_by_the_garbage_collector() -> None:

@@ -309,11 +309,21 @@ def ops_in_flight(rank: int, world_size: int, port: int, out: str) -> None:
         time.sleep(1.0)
         dist.all_reduce(torch.ones(3))
     if rank == 1:
-        time.sleep(1.0)
+        time.sleep(1.5)
     work = dist.all_reduce(torch.ones(3), async_op=True)
     if rank == 0:
         seen["async"] = [(e.api, e.state, e.seq) for e in rec.in_flight()]
-    work.wait()
+
+        def look_while_waiting() -> None:  # the C hot path takes the op out of by_work while it waits
+            time.sleep(0.3)
+            seen["waiting"] = [(e.api, e.state, e.seq) for e in rec.in_flight()]
+
+        watcher = threading.Thread(target=look_while_waiting)
+        watcher.start()
+        work.wait()
+        watcher.join()
+    else:
+        work.wait()
     seen["after"] = [(e.api, e.state) for e in rec.in_flight()]
     with open(os.path.join(out, f"in-flight-{rank}.json"), "w") as handle:
         json.dump(seen, handle)
