@@ -213,6 +213,53 @@ static PyTypeObject CounterType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* The latest async op of the C hot path whose Work nobody waited on yet (Recorder.async_slot): its
+ * Work and Entry, or None and None. Most code waits on an async op before issuing the next, so the
+ * Work.wait wrapper finds it here with a pointer compare; when the slot is taken, an op goes to
+ * Recorder.by_work (a dict by id(Work), an int made and freed per op, and a dict's insert, lookup
+ * and removal). The recorder's Python side reads both (in_flight, poll_works, the Python wait). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *work, *entry;
+} AsyncSlot;
+
+#define SLOT_OBJECTS(X) X(work) X(entry)
+STORAGE_FUNCTIONS(async_slot, AsyncSlot, SLOT_OBJECTS)
+
+static PyObject *async_slot_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    return (PyObject *)async_slot_alloc(type);
+}
+
+static PyMemberDef async_slot_members[] = {
+    {"work", T_OBJECT, offsetof(AsyncSlot, work), 0, "the Work, or None"},
+    {"entry", T_OBJECT, offsetof(AsyncSlot, entry), 0, "its Entry, or None"},
+    {NULL},
+};
+
+static PyTypeObject AsyncSlotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flightrec._fastpath.AsyncSlot",
+    .tp_basicsize = sizeof(AsyncSlot),
+    .tp_dealloc = (destructor)async_slot_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "AsyncSlot(): the latest async op of the C hot path not waited on yet (work, entry).",
+    .tp_traverse = (traverseproc)async_slot_traverse,
+    .tp_clear = (inquiry)async_slot_clear,
+    .tp_members = async_slot_members,
+    .tp_new = async_slot_new,
+};
+
+/* Empties the slot; its references go to the caller (*work, *entry). */
+static void slot_take(AsyncSlot *slot, PyObject **work, PyObject **entry)
+{
+    *work = slot->work;
+    *entry = slot->entry;
+    Py_INCREF(Py_None);
+    Py_INCREF(Py_None);
+    slot->work = slot->entry = Py_None;
+}
+
 /* GroupState's storage (`GroupBase`; flightrec/groups.py's `GroupState` subclasses it): its counters
  * are C integers, for the same reason as Entry's. */
 typedef struct {
@@ -345,7 +392,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *dict; /* __name__, __wrapped__, ... (functools.update_wrapper) */
     PyObject *original, *slow, *rec_dict, *local, *by_pg, *pending, *slots, *ids, *world_dict, *tensor_type;
-    PyObject *by_work, *work_type;
+    PyObject *by_work, *work_type, *async_slot;
     PyObject *finish, *seq_after, *record_failure, *on_finish_error, *site_cache, *skip_prefixes;
     PyObject *async_apis, *api_name, *op_name, *kind;
     PyObject *names[NPARAMS], *defaults[NPARAMS];
@@ -363,7 +410,7 @@ typedef struct {
 
 #define LEAF_OBJECTS(X) \
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
-    X(tensor_type) X(by_work) X(work_type) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
+    X(tensor_type) X(by_work) X(work_type) X(async_slot) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
     X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(tls_state) X(site_code) X(site) \
     X(last_pair) X(last_meta)
 
@@ -600,10 +647,16 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long r
         EN(entry)->t_complete_ns = monotonic_ns();
         EN(entry)->state = COMPLETED;
     } else {
-        PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
         set_slot(entry, E_(work), work);
-        if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear(); /* the watchdog polls it */
-        Py_XDECREF(key);
+        AsyncSlot *slot = (AsyncSlot *)self->async_slot;
+        if (slot->work == Py_None) { /* the watchdog polls it there */
+            set_slot(self->async_slot, offsetof(AsyncSlot, work), work);
+            set_slot(self->async_slot, offsetof(AsyncSlot, entry), entry);
+        } else {
+            PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
+            if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear(); /* the watchdog polls it */
+            Py_XDECREF(key);
+        }
     }
     PyErr_Clear();
 }
@@ -881,7 +934,7 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
     if (self->capacity < 1 || self->recheck_every < 1 || !PyList_CheckExact(self->slots)
         || PyList_GET_SIZE(self->slots) != self->capacity || !PyDict_CheckExact(self->by_pg)
         || !PyDict_CheckExact(self->pending) || !PyDict_CheckExact(self->site_cache) || !PyType_Check(self->tensor_type)
-        || !PyDict_CheckExact(self->by_work) || !PyType_Check(self->work_type)
+        || !PyDict_CheckExact(self->by_work) || !PyType_Check(self->work_type) || !Py_IS_TYPE(self->async_slot, &AsyncSlotType)
         || !PyDict_CheckExact(self->rec_dict) || !PyDict_CheckExact(self->world_dict) || !Py_IS_TYPE(self->ids, &CounterType)) {
         PyErr_SetString(PyExc_TypeError, "Leaf config has the wrong types");
         return -1;
@@ -960,13 +1013,13 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *original, *slow, *by_work, *pending, *wait_failed, *local;
+    PyObject *original, *slow, *by_work, *pending, *wait_failed, *local, *async_slot;
     uint64_t tls_id;     /* as in Leaf: this thread's ThreadState, looked up once per thread */
     PyObject *tls_state;
     int enabled;
 } Wait;
 
-#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(wait_failed) X(local) X(tls_state)
+#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(wait_failed) X(local) X(async_slot) X(tls_state)
 
 static void drop(PyObject *dict, PyObject *key)
 {
@@ -978,53 +1031,71 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
     Wait *self = (Wait *)self_;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (!self->enabled || nargs < 1) return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
-    if (PyDict_GET_SIZE(self->by_work) == 0) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     PyObject *work = args[0];
-    PyObject *key = PyLong_FromVoidPtr(work);
-    PyObject *entry = key ? PyDict_GetItemWithError(self->by_work, key) : NULL;
-    if (entry == NULL) {
-        Py_XDECREF(key);
-        if (PyErr_Occurred()) { PyErr_Clear(); return PyObject_Vectorcall(self->slow, args, nargsf, kwnames); }
-        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    AsyncSlot *slot = (AsyncSlot *)self->async_slot;
+    PyObject *entry, *key = NULL;
+    if (slot->work == work) {
+        entry = slot->entry;
+    } else {
+        if (PyDict_GET_SIZE(self->by_work) == 0) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        key = PyLong_FromVoidPtr(work);
+        entry = key ? PyDict_GetItemWithError(self->by_work, key) : NULL;
+        if (entry == NULL) {
+            Py_XDECREF(key);
+            if (PyErr_Occurred()) { PyErr_Clear(); return PyObject_Vectorcall(self->slow, args, nargsf, kwnames); }
+            return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        }
     }
+    Py_INCREF(entry);
     PyObject *tls = thread_state(self->local, &self->tls_id, &self->tls_state);
     if (tls == NULL || Py_TYPE(entry) != entry_type || EN(entry)->work != work || !PyUnicode_Check(EN(entry)->kind))
         goto slow;
     PyObject *kind = EN(entry)->kind; /* "coll" or "p2p": the length tells them apart */
     if (PyUnicode_GET_LENGTH(kind) == 3 && PyUnicode_CompareWithASCIIString(kind, "p2p") == 0 && EN(entry)->peer < 0)
         goto slow;
-    Py_INCREF(entry);
     Py_INCREF(tls);
     PyObject *outer = SLOT(tls, T.in_leaf); /* False, or set by a wrapped call that waits inside */
     Py_INCREF(outer);
     set_slot(tls, T.in_leaf, entry);
     EN(entry)->work = NULL; /* the caller's reference (args[0]) keeps the Work alive meanwhile */
-    drop(self->by_work, key);
+    if (key == NULL) { /* out of the slot */
+        PyObject *slot_work, *slot_entry;
+        slot_take(slot, &slot_work, &slot_entry);
+        Py_DECREF(slot_work);
+        Py_DECREF(slot_entry);
+    } else {
+        drop(self->by_work, key);
+    }
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     set_slot(tls, T.in_leaf, outer);
     if (result != NULL && result != Py_False) { /* wait(timeout) returns False on timeout */
         EN(entry)->t_complete_ns = monotonic_ns();
         EN(entry)->state = COMPLETED;
-        EN(entry)->work = Py_None;
         Py_INCREF(Py_None);
-        Py_DECREF(work); /* the entry's reference */
+        Py_XSETREF(EN(entry)->work, Py_None); /* NULL, unless another thread released it meanwhile */
+        Py_DECREF(work); /* the entry's reference, taken away before the wait */
         if (PyDict_GET_SIZE(self->pending) > 0) { /* recorded by the Python wrapper */
             PyObject *id = PyLong_FromLongLong(EN(entry)->id);
             drop(self->pending, id);
             Py_XDECREF(id);
         }
-    } else { /* still running or failed: followed as before the wait */
-        EN(entry)->work = work; /* takes back the entry's reference */
-        if (PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
+    } else { /* still running or failed: followed as before the wait, in by_work */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback); /* the wait's error, raised on below */
+        Py_XSETREF(EN(entry)->work, work); /* takes back the entry's reference */
+        if (key == NULL) key = PyLong_FromVoidPtr(work);
+        if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
         if (result == NULL) notify_raised(self->wait_failed, entry, work);
     }
     Py_DECREF(outer);
     Py_DECREF(tls);
     Py_DECREF(entry);
-    Py_DECREF(key);
+    Py_XDECREF(key);
     return result;
 slow:
-    Py_DECREF(key);
+    Py_DECREF(entry);
+    Py_XDECREF(key);
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
@@ -1064,7 +1135,7 @@ static int wait_init(Wait *self, PyObject *args, PyObject *kwargs)
         return -1;
     WAIT_OBJECTS(TAKE)
 #undef TAKE
-    if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending)) {
+    if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending) || !Py_IS_TYPE(self->async_slot, &AsyncSlotType)) {
         PyErr_SetString(PyExc_TypeError, "Wait config has the wrong types");
         return -1;
     }
@@ -1126,7 +1197,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     if ((minus_one = PyLong_FromLong(-1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&EntryBaseType) < 0
-        || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0)
+        || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&AsyncSlotType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
@@ -1135,11 +1206,13 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     Py_INCREF(&EntryBaseType);
     Py_INCREF(&CounterType);
     Py_INCREF(&GroupBaseType);
+    Py_INCREF(&AsyncSlotType);
     if (PyModule_AddObject(module, "Leaf", (PyObject *)&LeafType) < 0
         || PyModule_AddObject(module, "Wait", (PyObject *)&WaitType) < 0
         || PyModule_AddObject(module, "EntryBase", (PyObject *)&EntryBaseType) < 0
         || PyModule_AddObject(module, "Counter", (PyObject *)&CounterType) < 0
         || PyModule_AddObject(module, "GroupBase", (PyObject *)&GroupBaseType) < 0
+        || PyModule_AddObject(module, "AsyncSlot", (PyObject *)&AsyncSlotType) < 0
         || PyModule_AddIntConstant(module, "SUPPORTED", FASTPATH_SUPPORTED) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -84,7 +84,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
 
     config = {
         "original": original, "slow": slow, "rec_dict": vars(rec), "local": rec.local, "by_pg": rec.groups.by_pg,
-        "pending": rec.pending, "by_work": rec.by_work, "work_type": c10d.Work,
+        "pending": rec.pending, "by_work": rec.by_work, "work_type": c10d.Work, "async_slot": rec.async_slot,
         "slots": rec.ring.slots, "capacity": rec.ring.capacity,
         "ids": rec.ring.ids, "world_dict": vars(c10d._world), "tensor_type": torch.Tensor,
         "finish": rec.finish, "seq_after": rec._seq_after, "record_failure": lambda entry, group, exc: record_failure(rec, (entry, group), exc),
@@ -112,7 +112,7 @@ def wait(rec: Recorder, original: Callable[..., Any], slow: Callable[..., Any]) 
             log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
 
     config = {"original": original, "slow": slow, "by_work": rec.by_work, "pending": rec.pending,
-              "wait_failed": wait_failed, "local": rec.local}
+              "wait_failed": wait_failed, "local": rec.local, "async_slot": rec.async_slot}
     return _build(_fastpath.Wait, config, slow, "Work.wait")
 
 

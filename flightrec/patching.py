@@ -207,11 +207,11 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
 
 def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
     """Work.wait: the moment a CPU op is known complete, on the thread that waited for it."""
-    by_work = rec.by_work
+    entry_of = rec.entry_of
 
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        entry = by_work.get(id(self)) if by_work else None
+        entry = entry_of(self)
         if entry is None:
             return original(self, *args, **kwargs)
         try:

@@ -25,6 +25,7 @@ from .ops import OpSpec, as_tensors
 from .ring import Ring
 from .settings import Settings
 from .stacks import call_site, current_stack
+from .storage import c_base
 
 _monotonic_ns = time.monotonic_ns
 _Tensor = torch.Tensor
@@ -87,6 +88,10 @@ class Recorder:
         # Both are polled by the watchdog (Work.is_completed) for ops nobody waits on.
         self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
         self.by_work: dict[int, Entry] = {}  # id(Work) -> CPU op, for the Work.wait wrapper
+        # The C hot path's latest async op not waited on yet (.work, .entry), kept out of by_work:
+        # see AsyncSlot in _fastpath.c. None without the C hot path.
+        slot_type = c_base("AsyncSlot")
+        self.async_slot: Any = slot_type() if slot_type is not None else None
         self.local = threading.local()  # .state: this thread's ThreadState
         self.threads: list[weakref.ref[ThreadState]] = []  # every live thread's, for the watchdog
         self.cpp_lock = threading.Lock()  # only around C++-op bookkeeping, held for microseconds
@@ -254,6 +259,9 @@ class Recorder:
         work, entry.work = entry.work, None
         if work is not None:
             self.by_work.pop(id(work), None)
+        slot = self.async_slot
+        if slot is not None and slot.entry is entry:
+            slot.work = slot.entry = None
         self.pending.pop(entry.id, None)
         self.polled.pop(entry.id, None)
 
@@ -312,22 +320,43 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001
             log.warn_once("future-callback", f"completion callback failed: {exc!r}")
 
+    def entry_of(self, work: Any) -> Entry | None:
+        """The entry of a CPU op whose Work nobody waited on yet."""
+        slot = self.async_slot
+        if slot is not None and slot.work is work:
+            return slot.entry
+        return self.by_work.get(id(work)) if self.by_work else None
+
     def poll_works(self) -> None:
         """Watchdog side: complete entries whose Work finished without telling us."""
+        slot = self.async_slot
+        entry = slot.entry if slot is not None else None
+        if entry is not None:
+            work = entry.work
+            if work is None or work is not slot.work or not entry.pending:
+                if slot.entry is entry:
+                    slot.work = slot.entry = None
+            else:
+                self._poll_one(entry, work)
         for table in (self.by_work, self.polled):
             for key, entry in list(table.items()):
                 work = entry.work
                 if work is None or not entry.pending:
                     table.pop(key, None)
                     continue
-                try:
-                    done = work.is_completed()
-                except Exception as exc:  # noqa: BLE001 - a failed work may raise when asked
+                if not self._poll_one(entry, work):
                     table.pop(key, None)
-                    self.mark_failed(entry, exc)
-                    continue
-                if done:
-                    self._work_done(entry, work)
+
+    def _poll_one(self, entry: Entry, work: Any) -> bool:
+        """Complete `entry` if its Work is done; False when the Work failed (marked failed)."""
+        try:
+            done = work.is_completed()
+        except Exception as exc:  # noqa: BLE001 - a failed work may raise when asked
+            self.mark_failed(entry, exc)
+            return False
+        if done:
+            self._work_done(entry, work)
+        return True
 
     # ------------------------------------------------------------------ units (batches, coalescing)
     def start_unit(self) -> list[Entry] | None:
@@ -411,8 +440,10 @@ class Recorder:
         """Every op not complete yet that a wrapped call recorded: the Python wrapper's are in
         `pending`; the C hot path files a blocking op in no table, its thread's `in_leaf` holds it
         while it runs (one dictionary insert and removal fewer per op), and an async one in
-        `by_work` once its call returned."""
+        `async_slot` or `by_work` once its call returned, in `in_leaf` again while it is waited on."""
         found = {e.id: e for table in (self.pending, self.by_work, self.polled) for e in list(table.values())}
+        if self.async_slot is not None and isinstance(self.async_slot.entry, Entry):
+            found[self.async_slot.entry.id] = self.async_slot.entry
         for ref in self.threads:
             entry = getattr(ref(), "in_leaf", None)
             if isinstance(entry, Entry):

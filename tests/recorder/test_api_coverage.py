@@ -196,7 +196,7 @@ def test_watchdog_completes_async_ops_nobody_waits_on(tmp_path: Path, mode: str)
     for rank in range(2):
         result = json.loads((tmp_path / f"unwaited-{rank}.json").read_text())
         assert result == {"state": "completed", "work_done": True, "by_work": 0, "pending": 0,
-                          "wrapper": "Leaf" if mode == "c" else "function"}
+                          "wrapper": "Leaf" if mode == "c" else "function", "slot_empty": True}
 
 
 @pytest.mark.parametrize("mode", ["c", "python"])

@@ -41,8 +41,9 @@ def test_sleeping_rank_makes_every_rank_dump_within_the_timeout(tmp_path: Path) 
     assert all(d["world_size"] == 4 and d["job_id"] for d in dumps.values())
 
 
-def test_failing_op_dumps_at_once(tmp_path: Path) -> None:
-    codes = run_ranks(workers.failing_op, 2, str(tmp_path), timeout_s=60, allow_failure=True)
+@pytest.mark.parametrize("waited", [False, True], ids=["blocking", "async-wait"])
+def test_failing_op_dumps_at_once(tmp_path: Path, waited: bool) -> None:
+    codes = run_ranks(workers.failing_op, 2, str(tmp_path), waited, timeout_s=60, allow_failure=True)
     assert codes[0] == 3, codes
     dump = load_dump(tmp_path, 0)
     assert dump["reason"] == "op_failed"

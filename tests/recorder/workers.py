@@ -78,8 +78,8 @@ def ring_wrap(rank: int, world_size: int, port: int, out: str, buffer: int, ops:
     dist.destroy_process_group()
 
 
-def failing_op(rank: int, world_size: int, port: int, out: str) -> None:
-    """Rank 1 dies before the second all_reduce; rank 0's all_reduce then fails."""
+def failing_op(rank: int, world_size: int, port: int, out: str, waited: bool = False) -> None:
+    """Rank 1 dies before the second all_reduce; rank 0's all_reduce (or, `waited`, its Work's wait) then fails."""
     assert flightrec.enable(dir=out, timeout_s=60)
     init_rank(rank, world_size, port)
     t = torch.ones(4)
@@ -87,7 +87,10 @@ def failing_op(rank: int, world_size: int, port: int, out: str) -> None:
     if rank == 1:
         os._exit(0)
     try:
-        dist.all_reduce(t)
+        if waited:
+            dist.all_reduce(t, async_op=True).wait()
+        else:
+            dist.all_reduce(t)
     except Exception:  # noqa: BLE001 - expected: the peer is gone
         os._exit(3)
     os._exit(4)
@@ -270,7 +273,8 @@ def unwaited_async(rank: int, world_size: int, port: int, out: str) -> None:
     while entry.state != "completed" and time.monotonic() < deadline:
         time.sleep(0.05)
     result = {"state": entry.state, "work_done": work.is_completed(), "by_work": len(rec.by_work),
-              "pending": len(rec.pending), "wrapper": type(dist.all_reduce).__name__}
+              "pending": len(rec.pending), "wrapper": type(dist.all_reduce).__name__,
+              "slot_empty": rec.async_slot is None or rec.async_slot.entry is None}
     with open(os.path.join(out, f"unwaited-{rank}.json"), "w") as handle:
         json.dump(result, handle)
     dist.barrier()

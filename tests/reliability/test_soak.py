@@ -47,6 +47,7 @@ print(json.dumps({
     "samples": samples, "seconds": time.monotonic() - began, "recorded": rec.ring.recorded,
     "pending": len(rec.pending), "in_flight": len(rec.in_flight()), "polled": len(rec.polled), "by_work": len(rec.by_work),
     "cpp_open": len(rec.cpp_open), "errors": list(log.errors),
+    "slot": 0 if rec.async_slot is None or rec.async_slot.entry is None else 1,
     "dumps": sorted(os.listdir(sys.argv[1])) if os.path.isdir(sys.argv[1]) else [],
 }))
 """
@@ -59,7 +60,7 @@ def test_soak_200k_collectives_flat_memory_no_false_alarm(tmp_path: Path, capsys
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["recorded"] == OPS
-    assert got["pending"] == got["in_flight"] == got["polled"] == got["by_work"] == got["cpp_open"] == 0
+    assert got["pending"] == got["in_flight"] == got["polled"] == got["by_work"] == got["cpp_open"] == got["slot"] == 0
     assert got["errors"] == [] and got["dumps"] == []  # no watchdog false alarm, nothing swallowed
     samples = dict(got["samples"])
     full = samples[20_000]  # the ring (1000 entries) is long full; allocator pools have settled
