@@ -237,18 +237,8 @@ static PyMemberDef async_slot_members[] = {
     {NULL},
 };
 
-static PyTypeObject AsyncSlotType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "flightrec._fastpath.AsyncSlot",
-    .tp_basicsize = sizeof(AsyncSlot),
-    .tp_dealloc = (destructor)async_slot_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "AsyncSlot(): the latest async op of the C hot path not waited on yet (work, entry).",
-    .tp_traverse = (traverseproc)async_slot_traverse,
-    .tp_clear = (inquiry)async_slot_clear,
-    .tp_members = async_slot_members,
-    .tp_new = async_slot_new,
-};
+STORAGE_TYPE(AsyncSlotType, async_slot, AsyncSlot, "AsyncSlot", NULL,
+             "AsyncSlot(): the latest async op of the C hot path not waited on yet (work, entry).")
 
 /* Empties the slot; its references go to the caller (*work, *entry). */
 static void slot_take(AsyncSlot *slot, PyObject **work, PyObject **entry)
