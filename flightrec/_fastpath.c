@@ -80,7 +80,7 @@ static PyObject *STATE_NAMES[N_STATES]; /* interned */
         prefix##_clear(self);                                            \
         Py_TYPE(self)->tp_free((PyObject *)self);                        \
     }
-#define STORAGE_TYPE(var, prefix, Type, name, getset, doc)                  \
+#define STORAGE_TYPE(var, prefix, Type, name, getset, methods, doc)                  \
     static PyTypeObject var = {                                           \
         PyVarObject_HEAD_INIT(NULL, 0)                                    \
         .tp_name = "flightrec._fastpath." name,                           \
@@ -92,6 +92,7 @@ static PyObject *STATE_NAMES[N_STATES]; /* interned */
         .tp_clear = (inquiry)prefix##_clear,                              \
         .tp_members = prefix##_members,                                   \
         .tp_getset = getset,                                              \
+        .tp_methods = methods,                                            \
         .tp_new = prefix##_new,                                           \
     };
 #define STORAGE_NONE(field) Py_INCREF(Py_None); self->field = Py_None;
@@ -175,7 +176,7 @@ static PyGetSetDef entry_getset[] = {
 };
 #undef TIME_GETSET
 
-STORAGE_TYPE(EntryBaseType, entry, EntryObject, "EntryBase", entry_getset,
+STORAGE_TYPE(EntryBaseType, entry, EntryObject, "EntryBase", entry_getset, NULL,
              "The fields of a recorded op (flightrec.entry.Entry), numbers stored as C integers.")
 
 /* The ring's id counter (Ring.next_id): itertools.count's behaviour, with the count readable from C,
@@ -231,13 +232,33 @@ static PyObject *async_slot_new(PyTypeObject *type, PyObject *args, PyObject *kw
     return (PyObject *)async_slot_alloc(type);
 }
 
+/* Both fields in one step, so that no other thread sees the slot half emptied (the C hot path
+ * would fill a slot whose work is None, and the second half of a Python `slot.work = slot.entry =
+ * None` would then drop the new entry). */
+static PyObject *async_slot_release(AsyncSlot *self, PyObject *entry)
+{
+    if (self->entry != entry) Py_RETURN_FALSE;
+    PyObject *work = self->work, *held = self->entry;
+    Py_INCREF(Py_None);
+    Py_INCREF(Py_None);
+    self->work = self->entry = Py_None;
+    Py_XDECREF(work);
+    Py_XDECREF(held);
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef async_slot_methods[] = {
+    {"release", (PyCFunction)async_slot_release, METH_O, "release(entry): empty the slot if it holds entry"},
+    {NULL},
+};
+
 static PyMemberDef async_slot_members[] = {
     {"work", T_OBJECT, offsetof(AsyncSlot, work), 0, "the Work, or None"},
     {"entry", T_OBJECT, offsetof(AsyncSlot, entry), 0, "its Entry, or None"},
     {NULL},
 };
 
-STORAGE_TYPE(AsyncSlotType, async_slot, AsyncSlot, "AsyncSlot", NULL,
+STORAGE_TYPE(AsyncSlotType, async_slot, AsyncSlot, "AsyncSlot", NULL, async_slot_methods,
              "AsyncSlot(): the latest async op of the C hot path not waited on yet (work, entry).")
 
 /* Empties the slot; its references go to the caller (*work, *entry). */
@@ -279,7 +300,7 @@ static PyMemberDef group_members[] = {
 #undef INT_MEMBER
 #undef OBJECT_MEMBER
 
-STORAGE_TYPE(GroupBaseType, group, GroupObject, "GroupBase", NULL,
+STORAGE_TYPE(GroupBaseType, group, GroupObject, "GroupBase", NULL, NULL,
              "The fields of a process group's bookkeeping (flightrec.groups.GroupState), counters as C integers.")
 
 typedef struct {

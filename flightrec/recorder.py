@@ -259,9 +259,8 @@ class Recorder:
         work, entry.work = entry.work, None
         if work is not None:
             self.by_work.pop(id(work), None)
-        slot = self.async_slot
-        if slot is not None and slot.entry is entry:
-            slot.work = slot.entry = None
+        if self.async_slot is not None:
+            self.async_slot.release(entry)
         self.pending.pop(entry.id, None)
         self.polled.pop(entry.id, None)
 
@@ -334,8 +333,7 @@ class Recorder:
         if entry is not None:
             work = entry.work
             if work is None or work is not slot.work or not entry.pending:
-                if slot.entry is entry:
-                    slot.work = slot.entry = None
+                slot.release(entry)
             else:
                 self._poll_one(entry, work)
         for table in (self.by_work, self.polled):

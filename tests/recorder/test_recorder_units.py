@@ -334,3 +334,16 @@ def test_group_storages_hold_the_same_fields() -> None:
     if fastpath._fastpath is not None and fastpath._fastpath.SUPPORTED:
         assert groups.GroupState.__mro__[1] is fastpath._fastpath.GroupBase
         assert entry_module.Entry.__mro__[1] is fastpath._fastpath.EntryBase
+
+
+def test_async_slot_empties_in_one_step_and_only_for_its_entry() -> None:
+    """The watchdog releases a completed op's slot while the training thread may fill it with the
+    next one: release must take both fields at once, and only for the entry it was given."""
+    if fastpath._fastpath is None or not fastpath._fastpath.SUPPORTED:
+        pytest.skip("the C hot path is not built")
+    slot = fastpath._fastpath.AsyncSlot()
+    assert slot.work is None and slot.entry is None
+    work, entry, other = object(), _storages()[1](1, "0", "coll", "all_reduce", "all_reduce"), object()
+    slot.work, slot.entry = work, entry
+    assert slot.release(other) is False and slot.entry is entry and slot.work is work
+    assert slot.release(entry) is True and slot.work is None and slot.entry is None
