@@ -232,18 +232,23 @@ static PyObject *async_slot_new(PyTypeObject *type, PyObject *args, PyObject *kw
     return (PyObject *)async_slot_alloc(type);
 }
 
-/* Both fields in one step, so that no other thread sees the slot half emptied (the C hot path
- * would fill a slot whose work is None, and the second half of a Python `slot.work = slot.entry =
- * None` would then drop the new entry). */
-static PyObject *async_slot_release(AsyncSlot *self, PyObject *entry)
+/* Empties the slot: both fields in one step, so that no other thread sees it half emptied (the C
+ * hot path would fill a slot whose work is None, and the second half of a Python `slot.work =
+ * slot.entry = None` would then drop the new entry). */
+static void slot_empty(AsyncSlot *self)
 {
-    if (self->entry != entry) Py_RETURN_FALSE;
-    PyObject *work = self->work, *held = self->entry;
+    PyObject *work = self->work, *entry = self->entry;
     Py_INCREF(Py_None);
     Py_INCREF(Py_None);
     self->work = self->entry = Py_None;
     Py_XDECREF(work);
-    Py_XDECREF(held);
+    Py_XDECREF(entry);
+}
+
+static PyObject *async_slot_release(AsyncSlot *self, PyObject *entry)
+{
+    if (self->entry != entry) Py_RETURN_FALSE;
+    slot_empty(self);
     Py_RETURN_TRUE;
 }
 
@@ -261,15 +266,6 @@ static PyMemberDef async_slot_members[] = {
 STORAGE_TYPE(AsyncSlotType, async_slot, AsyncSlot, "AsyncSlot", NULL, async_slot_methods,
              "AsyncSlot(): the latest async op of the C hot path not waited on yet (work, entry).")
 
-/* Empties the slot; its references go to the caller (*work, *entry). */
-static void slot_take(AsyncSlot *slot, PyObject **work, PyObject **entry)
-{
-    *work = slot->work;
-    *entry = slot->entry;
-    Py_INCREF(Py_None);
-    Py_INCREF(Py_None);
-    slot->work = slot->entry = Py_None;
-}
 
 /* GroupState's storage (`GroupBase`; flightrec/groups.py's `GroupState` subclasses it): its counters
  * are C integers, for the same reason as Entry's. */
@@ -313,7 +309,7 @@ static ThreadLayout T;
 /* constants shared by every wrapper */
 static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu, *s_startswith;
 static PyObject *s_python, *s_cpu, *s_empty;
-static PyObject *minus_one, *empty_tuple;
+static PyObject *empty_tuple;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -1070,10 +1066,7 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
     set_slot(tls, T.in_leaf, entry);
     EN(entry)->work = NULL; /* the caller's reference (args[0]) keeps the Work alive meanwhile */
     if (key == NULL) { /* out of the slot */
-        PyObject *slot_work, *slot_entry;
-        slot_take(slot, &slot_work, &slot_entry);
-        Py_DECREF(slot_work);
-        Py_DECREF(slot_entry);
+        slot_empty(slot);
     } else {
         drop(self->by_work, key);
     }
@@ -1205,7 +1198,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu") INTERN(s_startswith, "startswith")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
     for (int i = 0; i < N_STATES; i++) INTERN(STATE_NAMES[i], STATE_TEXT[i])
-    if ((minus_one = PyLong_FromLong(-1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL)
+    if ((empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&EntryBaseType) < 0
         || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&AsyncSlotType) < 0)

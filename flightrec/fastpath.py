@@ -9,14 +9,13 @@ built when the package is installed and a C compiler is there; without it, or wi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from . import log, peek
+from . import log, peek, storage
 from .entry import Entry
 from .groups import GroupState
 from .ops import OpSpec
@@ -35,7 +34,7 @@ _with_reader = False
 def available() -> bool:
     """True when the C hot path is built, supported by this Python and not switched off."""
     global _configured
-    if _fastpath is None or not _fastpath.SUPPORTED or os.environ.get("FLIGHTREC_FASTPATH", "1") == "0":
+    if storage.c_module() is None:
         return False
     if not _configured:
         try:

@@ -10,14 +10,21 @@ recording an op cost (docs/overhead.md). The classes' behaviour stays in Python 
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 
-def c_base(name: str) -> type | None:
-    """`flightrec._fastpath.<name>`, when built, supported here and not switched off (FLIGHTREC_FASTPATH=0)."""
+def c_module() -> ModuleType | None:
+    """`flightrec._fastpath`, when built, supported by this Python and not switched off (FLIGHTREC_FASTPATH=0)."""
     if os.environ.get("FLIGHTREC_FASTPATH", "1") == "0":
         return None
     try:
         from . import _fastpath
     except ImportError:  # not built: pure Python
         return None
-    return getattr(_fastpath, name, None) if _fastpath.SUPPORTED else None
+    return _fastpath if _fastpath.SUPPORTED else None
+
+
+def c_base(name: str) -> type | None:
+    """`flightrec._fastpath.<name>`, where `c_module()` is there."""
+    module = c_module()
+    return None if module is None else getattr(module, name, None)
