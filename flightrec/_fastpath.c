@@ -272,6 +272,7 @@ STORAGE_TYPE(AsyncSlotType, async_slot, AsyncSlot, "AsyncSlot", NULL, async_slot
 typedef struct {
     PyObject_HEAD
     long long coll_seq, last_pg_seq, busy;
+    long long steps_gen; /* bumped by Recorder._seq_after whenever a learned step changes: Leaf's step cache */
     PyObject *pg, *name, *desc, *backend, *ranks, *rank_in_group, *sent, *received, *read_seq, *steps;
 } GroupObject;
 
@@ -289,7 +290,7 @@ static PyObject *group_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 #define INT_MEMBER(field) {#field, T_LONGLONG, offsetof(GroupObject, field), 0, NULL},
 #define OBJECT_MEMBER(field) {#field, T_OBJECT, offsetof(GroupObject, field), 0, NULL},
 static PyMemberDef group_members[] = {
-    INT_MEMBER(coll_seq) INT_MEMBER(last_pg_seq) INT_MEMBER(busy)
+    INT_MEMBER(coll_seq) INT_MEMBER(last_pg_seq) INT_MEMBER(busy) INT_MEMBER(steps_gen)
     GROUP_OBJECTS(OBJECT_MEMBER)
     {NULL},
 };
@@ -413,13 +414,17 @@ typedef struct {
     int site_lasti;
     PyObject *site;
     PyObject *last_pair, *last_meta; /* a lone tensor's (shape, dtype) and its 1-tuple, reused when the same */
+    /* the trusted counter step of (step_group, step_api) as group.steps held it at step_gen: it saves
+     * the dict, list and int reads (six cache lines, cold after the backend's thread switch) */
+    PyObject *step_group, *step_api;
+    long long step, step_gen;
 } Leaf;
 
 #define LEAF_OBJECTS(X) \
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
     X(tensor_type) X(by_work) X(work_type) X(async_slot) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
     X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(tls_state) X(site_code) X(site) \
-    X(last_pair) X(last_meta)
+    X(last_pair) X(last_meta) X(step_group) X(step_api)
 
 static inline long long as_ll(PyObject *value, int *ok)
 {
@@ -626,20 +631,32 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long r
 {
     int ok = 1;
     long long seq_after = -1;
-    PyObject *learned = NULL;
-    if (seq_before >= 0) {
-        PyObject *steps = GR(group)->steps;
-        learned = steps && PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, EN(entry)->api) : NULL;
-    }
-    if (learned != NULL && PyList_CheckExact(learned) && PyList_GET_SIZE(learned) == 2
-        && as_ll(PyList_GET_ITEM(learned, 1), &ok) >= self->trust_after && ok
-        && record_id % self->recheck_every) {
-        seq_after = seq_before + as_ll(PyList_GET_ITEM(learned, 0), &ok);
+    PyObject *api = EN(entry)->api;
+    int recheck = record_id % self->recheck_every == 0;
+    if (seq_before >= 0 && !recheck && self->step_group == group && self->step_api == api
+        && self->step_gen == GR(group)->steps_gen) {
+        seq_after = seq_before + self->step;
     } else {
-        ok = 1;
-        PyObject *read = PyObject_CallFunctionObjArgs(self->seq_after, entry, group, NULL); /* learns the step */
-        seq_after = as_ll(read, &ok);
-        Py_XDECREF(read);
+        PyObject *steps = GR(group)->steps, *learned = NULL;
+        if (seq_before >= 0 && !recheck)
+            learned = steps && PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, api) : NULL;
+        long long step = 0;
+        if (learned != NULL && PyList_CheckExact(learned) && PyList_GET_SIZE(learned) == 2
+            && as_ll(PyList_GET_ITEM(learned, 1), &ok) >= self->trust_after && ok
+            && (step = as_ll(PyList_GET_ITEM(learned, 0), &ok), ok)) {
+            seq_after = seq_before + step;
+            Py_INCREF(group);
+            Py_XSETREF(self->step_group, group);
+            Py_INCREF(api);
+            Py_XSETREF(self->step_api, api);
+            self->step = step;
+            self->step_gen = GR(group)->steps_gen;
+        } else {
+            ok = 1;
+            PyObject *read = PyObject_CallFunctionObjArgs(self->seq_after, entry, group, NULL); /* learns the step */
+            seq_after = as_ll(read, &ok);
+            Py_XDECREF(read);
+        }
     }
     if (!ok || PyErr_Occurred()) {
         PyErr_Clear();
@@ -923,7 +940,7 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
     }
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &config)) return -1;
 #define TAKE(field) if (strcmp(#field, "dict") && strcmp(#field, "tls_state") && strcmp(#field, "site_code") \
-                         && strcmp(#field, "site") && strncmp(#field, "last_", 5) && take(config, #field, &self->field) < 0) return -1;
+                         && strcmp(#field, "site") && strncmp(#field, "last_", 5) && strncmp(#field, "step_", 5) && take(config, #field, &self->field) < 0) return -1;
     LEAF_OBJECTS(TAKE)
 #undef TAKE
     Py_ssize_t flag;

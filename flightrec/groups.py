@@ -28,7 +28,7 @@ class _PyStorage:
 
     __slots__ = (
         "pg", "name", "desc", "backend", "ranks", "rank_in_group", "coll_seq", "sent", "received",
-        "last_pg_seq", "busy", "read_seq", "steps",
+        "last_pg_seq", "busy", "read_seq", "steps", "steps_gen",
     )
 
 
@@ -50,6 +50,7 @@ class GroupState(_Storage):  # type: ignore[misc, valid-type]
         self.received: dict[int, int] = {}
         self.busy = 0  # wrapped ops of this group in flight: their seq jumps are not C++ ops
         self.steps: dict[str, list[int]] = {}  # api -> [counter step per call, calls in a row] (recorder)
+        self.steps_gen = 0  # bumped when a step in `steps` changes: the C hot path caches a trusted one
         # The hot path calls this directly; the built torch reader (peek.py) skips pybind's dispatch.
         self.read_seq = peek.seq_reader(pg) or pg._get_sequence_number_for_group
         self.last_pg_seq = self.backend_seq()

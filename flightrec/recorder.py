@@ -241,6 +241,7 @@ class Recorder:
             learned[1] += 1
         else:
             learned[0], learned[1] = step, 1
+            group.steps_gen += 1  # the C hot path's copy of the old step is stale
         return seq_after
 
     # ------------------------------------------------------------------ completion

@@ -121,6 +121,47 @@ def test_predicted_counter_steps_keep_cpp_ops_and_pg_seqs_exact(tmp_path: Path) 
     assert per_rank[0] == per_rank[1]
 
 
+@pytest.mark.parametrize("fastpath_on", ["1", "0"], ids=["c-path", "python-path"])
+def test_a_counter_step_that_changes_is_learned_again(tmp_path: Path, fastpath_on: str) -> None:
+    """A backend whose counter starts moving by 2 per all_reduce: once a recheck has seen it, the
+    recorder predicts the new step. The C path's copy of the trusted step must not outlive the
+    change, or every call would be followed by a phantom C++ op until the job ends."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch, torch.distributed as dist
+import flightrec
+from flightrec.control import current
+from flightrec.recorder import RECHECK_EVERY
+flightrec.enable(dir={str(tmp_path)!r})
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+recorder = current().recorder
+group = recorder.groups.get(dist.group.WORLD)
+real = group.pg._get_sequence_number_for_group
+doubled_from = []
+def counter():
+    n = real()
+    return n if not doubled_from else doubled_from[0] + 2 * (n - doubled_from[0])
+group.read_seq = counter
+t = torch.ones(2)
+for _ in range(2 * RECHECK_EVERY):
+    dist.all_reduce(t)
+doubled_from.append(real())
+for _ in range(3 * RECHECK_EVERY):
+    dist.all_reduce(t)
+tail = recorder.ring.snapshot()[-RECHECK_EVERY:]
+print(hasattr(dist.all_reduce, "enabled"), sorted({{e.op for e in tail}}),
+      sorted({{b.pg_seq - a.pg_seq for a, b in zip(tail, tail[1:])}}))
+"""
+    env = dict(os.environ, FLIGHTREC_FASTPATH=fastpath_on)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    words = out.stdout.split(maxsplit=1)
+    assert words, out.stderr[-2000:]
+    if fastpath_on == "1" and fastpath._fastpath is not None and fastpath._fastpath.SUPPORTED:
+        assert words[0] == "True", "the C path was not in use"
+    assert words[1].strip() == "['all_reduce'] [2]", (out.stdout, out.stderr[-2000:])
+
+
 def test_disable_restores_everything() -> None:
     code = f"""
 import sys, signal
