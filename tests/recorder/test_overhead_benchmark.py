@@ -19,3 +19,4 @@ def test_overhead_benchmark_runs_and_prints_its_verdict() -> None:
     assert any(line.startswith("per round, sync (us): A flightrec") for line in lines)
     assert any("torch reader" in line for line in lines)  # with it (and without, interleaved), or why not
     assert lines[-1].startswith("target: sync added <= 5.00 us -> A ")
+    assert "PyTorch's recorder adds (A) -> sync " in lines[-1] and ", async " in lines[-1]
