@@ -3,6 +3,7 @@ children, its variants and its verdict lines. Its figures are not asserted: they
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +21,16 @@ def test_overhead_benchmark_runs_and_prints_its_verdict() -> None:
     assert any("torch reader" in line for line in lines)  # with it (and without, interleaved), or why not
     assert lines[-1].startswith("target: sync added <= 5.00 us -> A ")
     assert "PyTorch's recorder adds (A) -> sync " in lines[-1] and ", async " in lines[-1]
+
+
+def test_startup_benchmark_finds_no_import_by_the_hook() -> None:
+    """The start-up hook's benchmark runs; the hook, with FLIGHTREC unset, imported nothing of
+    flightrec's or torch's (that part is a fact, not a timing)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--starts", "2"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("start-up hook: ") and lines[0].endswith("flightrec.pth")
+    assert "modules the hook imported: none" in lines
+    assert lines[-1].startswith("target: no torch or flightrec import, under 1% of start-up -> ")
