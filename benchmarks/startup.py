@@ -12,7 +12,6 @@ torch's). Prints microseconds and the ratio (docs/overhead.md, "Start-up hook").
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import site
@@ -39,12 +38,15 @@ print(json.dumps({"us": statistics.median(per_call), "imported": imported}))
 """
 
 
-def installed_hook() -> tuple[str, str]:
-    """(folder, file name) of the flightrec.pth this interpreter reads at start-up, else the repo's."""
+HOOK = "flightrec.pth"
+
+
+def installed_hook() -> str:
+    """The folder of the flightrec.pth this interpreter reads at start-up, else the repo's."""
     for folder in [*site.getsitepackages(), site.getusersitepackages()]:
-        if glob.glob(os.path.join(folder, "flightrec.pth")):
-            return folder, "flightrec.pth"
-    return ROOT, "flightrec.pth"
+        if os.path.isfile(os.path.join(folder, HOOK)):
+            return folder
+    return ROOT
 
 
 def _env() -> dict[str, str]:
@@ -71,11 +73,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--starts", type=int, default=30)
     args = parser.parse_args()
-    folder, name = installed_hook()
-    cost = hook_cost(folder, name)
+    folder = installed_hook()
+    cost = hook_cost(folder, HOOK)
     start_up = start_up_us(args.starts)
     hook_us = float(cost["us"])  # type: ignore[arg-type]
-    print(f"start-up hook: {os.path.join(folder, name)}")
+    print(f"start-up hook: {os.path.join(folder, HOOK)}")
     print(f"FLIGHTREC unset: the hook costs {hook_us:.1f} us per start-up (open, read and run the .pth line); "
           f"`python -c pass` takes {start_up / 1e3:.1f} ms: {hook_us / start_up:.2e} of it")
     print(f"modules the hook imported: {cost['imported'] or 'none'}")

@@ -623,6 +623,33 @@ static inline PyObject *call_slow(Leaf *self, PyObject *const *args, size_t narg
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
+/* The counter step of `api` on `group` once Recorder._seq_after trusts it: 1 with *step set, else 0.
+ * The Leaf keeps a copy of the last one found, which the group's steps_gen retires. */
+static int trusted_step(Leaf *self, PyObject *group, PyObject *api, long long *step)
+{
+    if (self->step_group == group && self->step_api == api && self->step_gen == GR(group)->steps_gen) {
+        *step = self->step;
+        return 1;
+    }
+    PyObject *steps = GR(group)->steps;
+    PyObject *learned = steps && PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, api) : NULL;
+    int ok = 1;
+    if (learned == NULL || !PyList_CheckExact(learned) || PyList_GET_SIZE(learned) != 2
+        || as_ll(PyList_GET_ITEM(learned, 1), &ok) < self->trust_after || !ok) {
+        PyErr_Clear();
+        return 0;
+    }
+    long long value = as_ll(PyList_GET_ITEM(learned, 0), &ok);
+    if (!ok) return 0;
+    Py_INCREF(group);
+    Py_XSETREF(self->step_group, group);
+    Py_INCREF(api);
+    Py_XSETREF(self->step_api, api);
+    self->step = *step = value;
+    self->step_gen = GR(group)->steps_gen;
+    return 1;
+}
+
 /* Recorder.finish for a CPU call that returned None (blocking: complete now) or a Work (async:
  * Recorder.watch_work's CPU case, completed by Work.wait or the watchdog's poll). A C-path op is in
  * no table while it runs: its thread's ThreadState.in_leaf holds it (Recorder.in_flight). */
@@ -630,33 +657,13 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long r
                        PyObject *work)
 {
     int ok = 1;
-    long long seq_after = -1;
-    PyObject *api = EN(entry)->api;
-    int recheck = record_id % self->recheck_every == 0;
-    if (seq_before >= 0 && !recheck && self->step_group == group && self->step_api == api
-        && self->step_gen == GR(group)->steps_gen) {
-        seq_after = seq_before + self->step;
+    long long seq_after = -1, step;
+    if (seq_before >= 0 && record_id % self->recheck_every && trusted_step(self, group, EN(entry)->api, &step)) {
+        seq_after = seq_before + step;
     } else {
-        PyObject *steps = GR(group)->steps, *learned = NULL;
-        if (seq_before >= 0 && !recheck)
-            learned = steps && PyDict_CheckExact(steps) ? PyDict_GetItemWithError(steps, api) : NULL;
-        long long step = 0;
-        if (learned != NULL && PyList_CheckExact(learned) && PyList_GET_SIZE(learned) == 2
-            && as_ll(PyList_GET_ITEM(learned, 1), &ok) >= self->trust_after && ok
-            && (step = as_ll(PyList_GET_ITEM(learned, 0), &ok), ok)) {
-            seq_after = seq_before + step;
-            Py_INCREF(group);
-            Py_XSETREF(self->step_group, group);
-            Py_INCREF(api);
-            Py_XSETREF(self->step_api, api);
-            self->step = step;
-            self->step_gen = GR(group)->steps_gen;
-        } else {
-            ok = 1;
-            PyObject *read = PyObject_CallFunctionObjArgs(self->seq_after, entry, group, NULL); /* learns the step */
-            seq_after = as_ll(read, &ok);
-            Py_XDECREF(read);
-        }
+        PyObject *read = PyObject_CallFunctionObjArgs(self->seq_after, entry, group, NULL); /* learns the step */
+        seq_after = as_ll(read, &ok);
+        Py_XDECREF(read);
     }
     if (!ok || PyErr_Occurred()) {
         PyErr_Clear();

@@ -441,8 +441,9 @@ class Recorder:
         while it runs (one dictionary insert and removal fewer per op), and an async one in
         `async_slot` or `by_work` once its call returned, in `in_leaf` again while it is waited on."""
         found = {e.id: e for table in (self.pending, self.by_work, self.polled) for e in list(table.values())}
-        if self.async_slot is not None and isinstance(self.async_slot.entry, Entry):
-            found[self.async_slot.entry.id] = self.async_slot.entry
+        slot_entry = self.async_slot.entry if self.async_slot is not None else None  # read once: it changes
+        if isinstance(slot_entry, Entry):
+            found[slot_entry.id] = slot_entry
         for ref in self.threads:
             entry = getattr(ref(), "in_leaf", None)
             if isinstance(entry, Entry):

@@ -12,10 +12,10 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-try:  # the C hot path reads its count without making an int (flightrec/_fastpath.c)
-    from ._fastpath import Counter as _Counter
-except ImportError:  # not built: pure Python
-    _Counter = itertools.count
+from .storage import c_base
+
+# the C hot path reads its count without making an int (flightrec/_fastpath.c)
+_Counter = c_base("Counter") or itertools.count
 
 T = TypeVar("T")
 
