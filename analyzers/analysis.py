@@ -16,16 +16,18 @@ import numpy as np
 import pandas as pd
 
 from . import groups as groups_mod
+from . import jobs as jobs_mod
 from .causes import CauseResult, build_graph, find_causes
 from .columns import Transfers, first_rows, ids_within_ranks, pair_transfers
-from .constants import DEADLOCK, DESYNC, HANG, HEALTHY, REPORT_SCHEMA, SLOW
+from .constants import CRASH, CRASHED, DEADLOCK, DESYNC, EXITED, HANG, HEALTHY, REPORT_SCHEMA, SLOW
+from .failures import Failure, exited_ranks, find_failures
 from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
 from .memory import release_free_memory
 from .rankdump import RankDump
 from .stragglers import SlowResult, find_slow
 from .textutil import plural, ranges
-from .waits import R_NO_DUMP, R_UNREADABLE, WaitResult, find_waits
+from .waits import R_NO_DUMP, R_STALE, R_UNREADABLE, WaitResult, find_waits
 
 NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
@@ -66,6 +68,11 @@ class Analysis:
             r: f"its dump is unreadable ({reasons.get(r, 'unknown reason')})" for r in self.unreadable
         }
         self._ranks = every | set(self.dumps) | set(self.unreadable)
+        stale = jobs_mod.find_stale(self.dumps)  # kept in `dumps` and `entries` (true history), never as current
+        self.stale = sorted(stale.stale)
+        self._notes += stale.notes
+        self._absent_code |= {r: R_STALE for r in self.stale}
+        self._absent_text |= {r: s.text() for r, s in stale.stale.items()}
 
     @property
     def dump_table(self) -> pd.DataFrame:
@@ -102,10 +109,18 @@ class Analysis:
     def _waits(self) -> WaitResult:
         m = self._matched
         result = find_waits(
-            self.entries, m.positions, self.members, self.dumps, self._absent_code, m.culprits, self._known_groups
+            self._current_entries, m.positions, self.members, self.dumps, self._absent_code, m.culprits, self._known_groups,
+            finished=exited_ranks(self.dumps),
         )
         release_free_memory()
         return result
+
+    @property
+    def _current_entries(self) -> pd.DataFrame:
+        """The entries of the ranks whose dump is current: a stale dump's pending op is not where the rank is now."""
+        if not self.stale:
+            return self.entries
+        return self.entries[~np.isin(self.entries["rank"].to_numpy(), self.stale)]
 
     @cached_property
     def graph(self) -> nx.DiGraph:
@@ -114,7 +129,13 @@ class Analysis:
 
     @cached_property
     def _causes(self) -> CauseResult:
-        return find_causes(self.graph, self._waits.waits, self._matched, self.dumps, self._absent_text, self.entries, self.groups)
+        return find_causes(self.graph, self._waits.waits, self._matched, self.dumps, self._absent_text, self.entries,
+                           self.groups, self.failures)
+
+    @cached_property
+    def failures(self) -> list[Failure]:
+        """How ranks ended (own error, lost connection, terminated, exited), oldest first."""
+        return find_failures(self.dumps)
 
     @cached_property
     def slow(self) -> SlowResult:
@@ -133,6 +154,8 @@ class Analysis:
             return DESYNC
         if self._causes.cycles:
             return DEADLOCK
+        if any(c.kind == CRASHED for c in self._causes.causes):
+            return CRASH
         if self._waits.waits:
             return HANG
         if self.slow.stragglers:
@@ -164,11 +187,14 @@ class Analysis:
                 "dumped": sorted(self.dumps),
                 "missing": self.missing,
                 "unreadable": self.unreadable,
+                "stale": self.stale,
             },
+            "jobs": self._data.jobs or {"analysed": {}, "ignored": []},
             "root_causes": [c.item() for c in causes],
             "victims": victims,
             "waits": [w.item() for w in waits],
             "cycles": self._causes.cycles,
+            "failures": [f.item() for f in self.failures],
             "mismatches": [m.as_dict() for m in self._matched.mismatches],
             "gaps": self.gaps(),
             "stragglers": self.slow.stragglers,
@@ -201,9 +227,14 @@ class Analysis:
             return f"{verdict}: {plural(len(self._waits.waits), 'rank')} waiting, root cause unknown (see gaps)"
         head = causes[0]
         first = f"rank {head.rank} {head.kind}" + (f" in {head.op} (group {head.group}, seq {head.seq})" if head.op else "")
+        if head.kind == EXITED:
+            first = f"rank {head.rank} exited normally" + (f" before {head.op} (group {head.group}, seq {head.seq})" if head.op else "")
+        if head.kind == CRASHED:
+            first = f"rank {head.rank} crashed" + (f" (awaited in {head.op}, group {head.group}, seq {head.seq})" if head.op else "")
         more = f" and {plural(len(causes) - 1, 'more root cause')}" if len(causes) > 1 else ""
         victims = {v for c in causes for v in c.victims}
-        tail = f"; {plural(len(victims), 'rank')} waiting on it" if victims else (f"; {n_wait} waiting" if n_wait else "")
+        affected = "failed, were stopped or wait after it" if head.kind == CRASHED else "waiting on it"
+        tail = f"; {plural(len(victims), 'rank')} {affected}" if victims else (f"; {n_wait} waiting" if n_wait else "")
         return f"{verdict}: {first}{more}{tail}"
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import networkx as nx
 import pandas as pd
 
-from .constants import COMM_STUCK, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from . import failures as fail
+from .constants import COMM_STUCK, CPP_SITE, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
 from .matching import MatchResult
 from .rankdump import RankDump
 from .textutil import plural, ranges
@@ -25,7 +26,7 @@ from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait
 
 STACK_EXCERPT = 6
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
-CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
+CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, CRASHED, EXITED, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
 RECORDER_FRAME = re.compile(r"[/\\]flightrec[/\\][A-Za-z_]+\.py:\d+ in ")
 
 
@@ -95,6 +96,7 @@ def find_causes(
     absent: dict[int, str],
     entries: pd.DataFrame,
     groups: pd.DataFrame,
+    failures: list[fail.Failure] | None = None,
 ) -> CauseResult:
     """Classify every rank that others wait for, directly or transitively, and that waits for nobody.
 
@@ -158,16 +160,61 @@ def find_causes(
                 covered.add((r, m.group))
                 causes.append(_mismatch_at(r, m.group, m.seq, m.op, matched, desc))
 
+    causes = _order_failures(causes, failures or [], dumps, absent, entries, desc)
     cause_ranks = {r for c in causes for r in (c.ranks or [c.rank])}
+    fallen = {f.rank for f in failures or [] if f.kind != fail.EXITED}
     for c in causes:
         anc: set[int] = set()
         for r in c.ranks or [c.rank]:
             if r in graph:
                 anc |= nx.ancestors(graph, r)
+        if c.kind == CRASHED:
+            anc |= fallen  # every rank that failed or was terminated after it went down with it
         c.victims = sorted(anc - cause_ranks)
     order = {k: i for i, k in enumerate(CAUSE_ORDER)}
     causes.sort(key=lambda c: (order.get(c.kind, 99), c.rank, c.group or "", c.seq or 0))
     return CauseResult(causes=causes, cycles=sccs, notes=notes)
+
+
+def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int, RankDump],
+                    absent: dict[int, str], entries: pd.DataFrame, desc: dict[str, str]) -> list[Cause]:
+    """Put the ranks' failures in time order: the first own error (or, when peers only lost their
+    connections, the ranks that left no dump) is `crashed`; a rank that exited cleanly is `exited`;
+    a rank whose only failure is a lost connection is a consequence, never a root cause."""
+    if not failures:
+        return causes
+    own, silent = fail.crash_roots(failures, set(absent))
+    roots = {f.rank for f in own} | silent
+    by_rank = {f.rank: f for f in failures}
+    kept: list[Cause] = []
+    for c in causes:
+        f = by_rank.get(c.rank)
+        if c.rank in roots and c.kind in (NOT_ENTERED, MISSING_DUMP, COMM_STUCK):
+            c.kind, c.ranks = CRASHED, [c.rank]
+            c.detail = fail.explain(c.rank, failures, own, silent)
+            _attach_traceback(c, dumps.get(c.rank))
+        elif f is not None and f.kind == fail.EXITED and c.kind == NOT_ENTERED:
+            c.kind = EXITED
+            last = _last_op(entries, c.rank)
+            c.detail = (f"rank {c.rank} exited normally" + (f" after {last}" if last else "")
+                        + f"; the others still wait for it in {_label(c.group, c.seq, c.op, desc)}")
+        elif f is not None and f.kind in (fail.PEER_LOST, fail.TERMINATED) and roots:
+            continue  # a consequence of the crash, listed under `failures`
+        kept.append(c)
+    named = {c.rank for c in kept}
+    for r in sorted(roots - named):
+        c = Cause(rank=r, kind=CRASHED, group=None, seq=None, op=None, detail=fail.explain(r, failures, own, silent))
+        _attach_traceback(c, dumps.get(r))
+        kept.append(c)
+    return kept
+
+
+def _attach_traceback(c: Cause, dump: RankDump | None) -> None:
+    """A crashed rank's own exception traceback is where to look first."""
+    exc = dump.meta.get("exception") if dump is not None else None
+    if isinstance(exc, dict) and exc.get("traceback"):
+        frames = [str(f) for f in exc["traceback"]]
+        c.stack, c.site = frames[-STACK_EXCERPT:], frames[-1]
 
 
 def _without_skipped_p2p(graph: nx.DiGraph, waits: dict[int, Wait], notes: list[str]) -> nx.DiGraph:
@@ -283,7 +330,10 @@ def _last_op(entries: pd.DataFrame, r: int) -> str | None:
     if mine.empty:
         return None
     row = mine.loc[mine["id"].idxmax()]
-    site = "" if pd.isna(row["site"]) else f" at {row['site']}"
+    if isinstance(row["site"], str) and row["site"]:
+        site = f" at {row['site']}"
+    else:
+        site = f", {CPP_SITE}" if row.get("source") == "c++" else ""
     return f"{row['op']} (group {row['group']}, seq {row['seq']}, {row['state']}){site}"
 
 

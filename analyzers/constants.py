@@ -14,7 +14,8 @@ SLOW = "slow"  # no hang, but a significant straggler
 HANG = "hang"
 DESYNC = "desync"
 DEADLOCK = "deadlock"
-VERDICTS = (DESYNC, DEADLOCK, HANG, SLOW, HEALTHY)
+CRASH = "crash"  # a rank died (or raised) and took the job down
+VERDICTS = (DESYNC, DEADLOCK, CRASH, HANG, SLOW, HEALTHY)
 
 # Root-cause kinds.
 NOT_ENTERED = "not_entered"
@@ -22,7 +23,12 @@ MISSING_DUMP = "missing_dump"
 MISMATCH = "mismatch"
 COMM_STUCK = "comm_stuck"
 KIND_DEADLOCK = "deadlock"
-KINDS = (NOT_ENTERED, MISSING_DUMP, MISMATCH, COMM_STUCK, KIND_DEADLOCK)
+CRASHED = "crashed"  # died: its own uncaught error, or no dump while its peers lost their connections to it
+EXITED = "exited"  # left the job cleanly (exit record) while others still wait for it
+KINDS = (NOT_ENTERED, MISSING_DUMP, MISMATCH, COMM_STUCK, KIND_DEADLOCK, CRASHED, EXITED)
+
+# Where an op issued from C++ (DDP's Reducer, FSDP, functional collectives) was called: Python never saw it.
+CPP_SITE = "issued from C++ (e.g. DDP's Reducer)"
 
 # Entry states of the flightrec dump format (torch FR states are mapped onto these).
 ENQUEUED = "enqueued"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ import pandas as pd
 from . import sources
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
+from .jobs import split_jobs
 from .memory import reuse_freed_memory
 from .rankdump import FileProblem, RankDump
 from .read import read_path
@@ -47,6 +49,7 @@ class Dataset:
     entries: pd.DataFrame
     problems: list[FileProblem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    jobs: dict[str, Any] | None = None  # the report's `jobs`: the analysed job and the ignored ones (jobs.py)
 
     @property
     def unreadable_ranks(self) -> set[int]:
@@ -212,7 +215,9 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None, prog
         batches = read_files(files, workers, progress)
     everything = [r for b in batches for r in b.results]
     problems = [r for r in everything if isinstance(r, FileProblem)]
-    dumps, notes = _one_per_rank([r for r in everything if isinstance(r, RankDump)])
+    split = split_jobs([r for r in everything if isinstance(r, RankDump)])  # another job's dumps: set aside, named
+    dumps, notes = _one_per_rank(split.kept)
+    notes = split.notes + notes
     if not dumps:
         lines = "; ".join(p.line() for p in problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise UnusableInput(f"{path}: no readable dump ({lines})")
@@ -221,7 +226,7 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None, prog
     entries = merge_batches(batches, dumps)
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
-    return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes)
+    return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes, jobs=split.jobs)
 
 
 def _discover_url(url: str) -> tuple[object, list[str]]:

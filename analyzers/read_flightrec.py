@@ -43,6 +43,8 @@ META_FIELDS = (
     "host",
     "pid",
     "job_id",
+    "store",
+    "armed_wall_ns",
     "torch_version",
     "python_version",
     "flightrec_version",
@@ -55,6 +57,9 @@ META_FIELDS = (
     "recorded",
     "dropped",
     "recorder_errors",
+    "exception",
+    "exit_record",
+    "progress",
 )
 
 

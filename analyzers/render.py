@@ -27,7 +27,9 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
         f"ranks: {r['expected']} expected, {len(r['dumped'])} dumped"
         + (f", missing {ranges(r['missing'])}" if r["missing"] else "")
         + (f", unreadable {ranges(r['unreadable'])}" if r["unreadable"] else "")
+        + (f", stale {ranges(r['stale'])}" if r.get("stale") else "")
     )
+    lines += _warnings(report)
     if report["root_causes"]:
         lines += ["", "root causes:"]
         for c in report["root_causes"]:
@@ -63,6 +65,21 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
     if report["gaps"]:
         lines += ["", "evidence gaps:"] + [f"  - {g}" for g in report["gaps"]]
     return "\n".join(lines)
+
+
+def _warnings(report: dict[str, Any]) -> list[str]:
+    """Evidence that changes what the verdict is about, stated before it is read: other jobs' dumps set
+    aside, stale dumps taken as unknown (the details are in the gaps)."""
+    out = []
+    for job in (report.get("jobs") or {}).get("ignored", []):
+        name = f'job "{job["job_id"]}"' if job.get("job_id") else "another job"
+        out.append(f"warning: this folder also holds dumps of {name} (world size {job.get('world_size') or '?'}): "
+                   f"rank(s) {ranges(job['ranks'])} ignored; only the newest job is analysed (see gaps)")
+    stale = report["ranks"].get("stale")
+    if stale:
+        out.append(f"warning: the dump(s) of rank(s) {ranges(stale)} are stale (much older than the others'): "
+                   "taken as no current state (see gaps)")
+    return out
 
 
 def _chain(report: dict[str, Any], graph: nx.DiGraph | None) -> list[str]:

@@ -20,13 +20,14 @@ import numpy as np
 import pandas as pd
 
 from .columns import pack_keys
-from .constants import COMPLETED, FAILED, PENDING_STATES, UNKNOWN
+from .constants import COMPLETED, CPP_SITE, FAILED, PENDING_STATES, UNKNOWN
 from .rankdump import RankDump
 
 # Why a rank waits for a member (edge attribute `reason`).
 R_NOT_ENTERED = "not_entered"
 R_NO_DUMP = "no_dump"
 R_UNREADABLE = "unreadable"
+R_STALE = "stale"  # its dump is much older than its peers' (analyzers/jobs.py): no current state
 R_MISMATCH = "mismatch"
 R_BLOCKED = "blocked_elsewhere"
 
@@ -34,7 +35,7 @@ HOW_PENDING = "pending"
 HOW_FAILED = "failed"
 HOW_INFERRED = "inferred"
 
-_COLS = ["rank", "id", "group", "seq", "kind", "op", "peer", "state", "unit", "pg_seq", "site", "t_enqueue_ns"]
+_COLS = ["rank", "id", "group", "seq", "kind", "op", "peer", "state", "unit", "pg_seq", "site", "t_enqueue_ns", "source"]
 
 
 @dataclass
@@ -94,6 +95,7 @@ class _Ctx:
     wrapped: set[int]
     notes: list[str]
     known: set[str]
+    progress: dict[tuple[int, str], tuple[int, int]]  # (rank, group) -> (entered, completed), ring-independent
 
 
 def find_waits(
@@ -104,17 +106,19 @@ def find_waits(
     absent: dict[int, str],
     culprits: pd.DataFrame,
     known_groups: set[str] | None = None,
+    finished: set[int] | None = None,
 ) -> WaitResult:
     """Blocking op per rank and the members each one waits for.
 
     `known_groups`: groups whose membership is recorded (default: all). In any other group, a rank
     that finds every known member inside the position cannot conclude that nobody is missing.
+    `finished`: ranks that exited normally (their exit record's open ops are not waits).
     """
     wrapped = {r for r, d in dumps.items() if d.dropped > 0 or (d.meta.get("first_id") or 0) > 0}
     culprit_set = {(str(g), int(s), int(r)) for g, s, r in culprits[["group", "seq", "rank"]].itertuples(index=False)}
     known = set(members) if known_groups is None else known_groups
-    ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known)
-    waits = _blocking(ctx)
+    ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known, _progress(dumps))
+    waits = {r: w for r, w in _blocking(ctx).items() if r not in (finished or set())}  # exited: waits for nobody
     _coll_targets(ctx, waits)
     _p2p_targets(ctx, waits)
     for rank in [r for r, w in waits.items() if w.how == HOW_INFERRED and R_NOT_ENTERED not in w.targets.values()]:
@@ -132,6 +136,24 @@ def find_waits(
             who = f"cannot tell whether rank(s) {_short(named)} took part" if named else "cannot tell whom it waits for"
             ctx.notes.append(f"rank {w.rank} waits in {w.op} (group {w.group}, seq {w.seq}); {who}: {why}")
     return WaitResult(waits=waits, notes=ctx.notes)
+
+
+def _progress(dumps: dict[int, RankDump]) -> dict[tuple[int, str], tuple[int, int]]:
+    """Each rank's collective counters per group: flightrec's `progress` rows, else PyTorch's
+    `pg_status` where it is keyed by a group name. They say how far a rank got even when its ring
+    holds no entry of that group any more."""
+    out: dict[tuple[int, str], tuple[int, int]] = {}
+    for rank, d in dumps.items():
+        rows = d.meta.get("progress")
+        if isinstance(rows, list):
+            for row in rows:
+                if isinstance(row, dict) and row.get("kind") == "coll" and isinstance(row.get("entered"), int):
+                    out[(rank, str(row.get("group")))] = (int(row["entered"]), int(row.get("completed", -1)))
+            continue
+        for pg, fields in (d.pg_status or {}).items():
+            if "last_enqueued_collective" in fields:
+                out[(rank, pg)] = (fields["last_enqueued_collective"], fields.get("last_completed_collective", -1))
+    return out
 
 
 def _blocking(ctx: _Ctx) -> dict[int, Wait]:
@@ -160,7 +182,7 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
         return waits
     rows = pd.concat(chosen).sort_values(["rank", "id"])
     offsets = {r: d.meta.get("wall_offset_ns") for r, d in ctx.dumps.items()}
-    fields = ["rank", "kind", "group", "seq", "op", "peer", "state", "how", "id", "site", "t_enqueue_ns"]
+    fields = ["rank", "kind", "group", "seq", "op", "peer", "state", "how", "id", "site", "t_enqueue_ns", "source"]
     for row in rows[fields].astype(object).itertuples(index=False):  # one row per blocking op
         rank = int(row.rank)
         position = (str(row.kind), str(row.group), int(row.seq), str(row.op), int(row.peer))
@@ -179,11 +201,17 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
             state=str(row.state),
             how=str(row.how),
             id=int(row.id),
-            site=None if pd.isna(row.site) else str(row.site),
+            site=_site(row.site, row.source),
             t_wall_ns=None if (pd.isna(t) or offset is None) else int(t) + int(offset),
             positions=[position],
         )
     return waits
+
+
+def _site(site: object, source: object) -> str | None:
+    if isinstance(site, str) and site:
+        return site
+    return CPP_SITE if source == "c++" else None
 
 
 def _pg_status_pending(e: pd.DataFrame, dumps: dict[int, RankDump]) -> pd.Series:
@@ -264,6 +292,11 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
             hi_g = hi.loc[code_of[g]].reindex(members).to_numpy(dtype=float)
         except KeyError:
             hi_g = np.full(len(members), np.nan)
+        if ctx.progress:  # ring-independent counters: how far each member got, wrapped or not
+            counted = np.array([ctx.progress.get((int(m), g), (np.nan, np.nan)) for m in members], dtype=float)
+            hi_g, finished_here = np.fmax(hi_g, counted[:, 0]), counted[:, 1] >= s
+        else:
+            finished_here = np.zeros(len(members), dtype=bool)
         is_absent = np.isin(members, absent)
         none = np.isnan(hi_g)
         is_wrapped = np.isin(members, wrapped)
@@ -271,7 +304,8 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
         unknown = ~is_absent & none & is_wrapped
         entered = ~is_absent & ~none & (hi_g >= s)
         states_here = state_at.get((g, s), {})
-        done = np.fromiter((states_here.get(int(m)) == COMPLETED for m in members[entered]), dtype=bool, count=int(entered.sum()))
+        done = np.fromiter((states_here.get(int(m)) == COMPLETED for m in members[entered]), dtype=bool,
+                           count=int(entered.sum())) | finished_here[entered]
         candidates = members[entered][~done]
         elsewhere = candidates[np.isin(candidates, blocked_ranks) & ~np.isin(candidates, list(blocked_at[(g, s)]))]
         reasons: dict[int, str] = {int(m): ctx.absent[int(m)] for m in members[is_absent]}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
+import traceback
+from types import TracebackType
 from typing import Any
 
 from . import log
@@ -31,12 +34,15 @@ class _Armed:
         self.watchdog = Watchdog(self.recorder, settings, self.dump, self.term)
         self.dump_lock = threading.Lock()
         self.recorder.on_failure = self._on_failure
+        self.crashed = False  # an uncaught exception was dumped: the exit record must not replace it
+        self.exceptions = ExceptionHooks(self._on_uncaught)
 
     def start(self) -> None:
         self.patcher.install()
         self.term.install()
         if threading.current_thread() is threading.main_thread():
             self.abort.install()
+        self.exceptions.install()
         self.watchdog.start()
 
     def stop(self) -> None:
@@ -45,24 +51,35 @@ class _Armed:
         self.patcher.restore()
         self.term.uninstall()
         self.abort.uninstall()
+        self.exceptions.uninstall()
 
-    def dump(self, reason: str, detail: str | None = None) -> bool:
+    def dump(self, reason: str, detail: str | None = None, **extra: Any) -> bool:
         """Write this rank's dump; False (with a warning) when the folder cannot take it."""
         with self.dump_lock:
             self._dumping_thread = threading.get_ident()
             try:
-                written = self._write(reason, detail)
+                written = self._write(reason, detail, extra)
             finally:
                 self._dumping_thread = None
         self.term.run_deferred()  # a SIGTERM that arrived during the write: dump again and die
         return written
 
-    def _write(self, reason: str, detail: str | None) -> bool:
+    def _on_uncaught(self, exc: BaseException, thread: str, frames: list[str]) -> None:
+        """An exception nobody caught (main or any thread; errors of C++-issued collectives raised
+        inside autograd end here): the process is about to die, so write the evidence first."""
+        text = f"{type(exc).__name__}: {exc}"[:4000]
+        self.crashed = True
+        self.dump("exception", f"uncaught in thread {thread}: {text}",
+                  exception={"type": type(exc).__name__, "message": str(exc)[:4000], "thread": thread,
+                             "traceback": frames[-64:]})
+
+    def _write(self, reason: str, detail: str | None, extra: dict[str, Any] | None = None) -> bool:
         try:
             is_rank = joined() or self.recorder.ring.recorded > 0
             if process_rank()[0] < 0 and not is_rank:
                 return False  # e.g. torchrun's agent process: it never joined a group
-            payload = build_dump(self.recorder, reason, detail)
+            payload = build_dump(self.recorder, reason, detail, brief=reason == "exit" and not self.settings.dump_on_exit)
+            payload.update(extra or {})
             # a process that inherited RANK but never joined (a spawned DataLoader worker) may
             # only write where the rank has no dump yet: never over the rank's own
             if write_dump(payload, self.settings.dir, replace=is_rank) is None:
@@ -99,13 +116,58 @@ def _after_fork_in_child() -> None:
     _state = None
 
 
+class ExceptionHooks:
+    """Chains into sys.excepthook and threading.excepthook, calling `on_uncaught` before the hook
+    that was there (whatever it is when the exception arrives: a hook set after ours still runs)."""
+
+    def __init__(self, on_uncaught: Any) -> None:
+        self._on_uncaught = on_uncaught
+        self._sys_previous: Any = None
+        self._thread_previous: Any = None
+
+    def install(self) -> None:
+        self._sys_previous, sys.excepthook = sys.excepthook, self._sys_hook
+        self._thread_previous, threading.excepthook = threading.excepthook, self._thread_hook
+
+    def uninstall(self) -> None:
+        if sys.excepthook == self._sys_hook:
+            sys.excepthook = self._sys_previous
+        if threading.excepthook == self._thread_hook:
+            threading.excepthook = self._thread_previous
+
+    def _report(self, exc: BaseException | None, tb: TracebackType | None, thread: str) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return  # SystemExit, KeyboardInterrupt: not a crash of the job's code
+        try:
+            frames = [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(tb)]
+            self._on_uncaught(exc, thread, frames)
+        except Exception as inner:  # noqa: BLE001 - never mask the job's own exception
+            log.warn_once("excepthook", f"could not dump on an uncaught exception: {inner!r}")
+
+    def _sys_hook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        self._report(exc, tb, threading.current_thread().name)
+        (self._sys_previous or sys.__excepthook__)(kind, exc, tb)
+
+    def _thread_hook(self, args: Any) -> None:
+        name = args.thread.name if args.thread is not None else "?"
+        self._report(args.exc_value, args.exc_traceback, name)
+        (self._thread_previous or threading.__excepthook__)(args)
+
+
 def _at_exit() -> None:
-    """Dump if asked, then quiesce: past atexit no thread of ours may run Python or C++ calls."""
+    """Leave the exit record (or the full dump if asked), then quiesce: past atexit no thread of
+    ours may run Python or C++ calls."""
     armed = _state
     if armed is None:
         return
     try:
-        if armed.settings.dump_on_exit:
+        if armed.crashed:
+            pass  # its exception dump is the evidence: an exit dump must not replace it
+        elif armed.settings.dump_on_exit:
+            armed.dump("exit", "normal interpreter exit")
+        elif armed.watchdog.last_dump_mono_ns == 0:
+            # the exit record: a rank leaving cleanly while others may still wait for it says so; a
+            # dump this process already wrote (a hang, a request, flightrec.dump()) is never replaced by it
             armed.dump("exit", "normal interpreter exit")
         armed.recorder.active = False
         armed.watchdog.stop()

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from . import fastpath, log, peek, torch_fr
 from .entry import Entry, to_tables
+from .progress import group_progress
 from .recorder import Recorder
 from .stacks import all_thread_stacks
 
@@ -45,16 +46,25 @@ def process_rank() -> tuple[int, int]:
         return -1, -1
 
 
+def _store_address() -> str | None:
+    """The rendezvous address every rank of one job shares (MASTER_ADDR:MASTER_PORT), if the launcher set it."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{host}:{port}" if host and port else None
+
+
 def _version() -> str:
     from . import __version__
 
     return __version__
 
 
-def _enrich_cpp_entries(entries: list[Entry], fr: dict[str, Any] | None) -> None:
-    """Fill op names and sizes of C++-issued collectives from PyTorch's recorder, and their state."""
+def _enrich_cpp_entries(entries: list[Entry], fr: dict[str, Any] | None, wall_minus_mono_ns: int) -> dict[int, bool]:
+    """Fill op names, sizes and times of C++-issued collectives from PyTorch's recorder, and their
+    state. Returns {id: completion time measured too} for the entries whose enqueue time is now a
+    measurement (PyTorch's recorder stamps an op where it is issued), not when our polling saw it."""
+    measured: dict[int, bool] = {}
     if fr is None:
-        return
+        return measured
     names = torch_fr.uid_to_group_name(fr)
     completed = {names.get(uid, uid): seq for uid, seq in torch_fr.completed_seqs(fr).items()}
     by_position: dict[tuple[str, int], dict[str, Any]] = {}
@@ -73,6 +83,25 @@ def _enrich_cpp_entries(entries: list[Entry], fr: dict[str, Any] | None) -> None
         last_done = completed.get(entry.group)
         if last_done is not None and entry.state == "unknown":
             entry.state = "completed" if entry.pg_seq <= last_done else "started"
+        if item is not None:
+            taken = _take_fr_times(entry, item, wall_minus_mono_ns)
+            if taken is not None:
+                measured[entry.id] = taken
+    return measured
+
+
+def _take_fr_times(entry: Entry, item: dict[str, Any], wall_minus_mono_ns: int) -> bool | None:
+    """PyTorch's recorder stamps an op in wall-clock ns (ours are monotonic) when it is created and,
+    on backends that see it, when it was found completed. None: no measured time at all."""
+    created = item.get("time_created_ns")
+    if not isinstance(created, int) or created <= 0:
+        return None
+    entry.t_enqueue_ns = created - wall_minus_mono_ns
+    done = item.get("time_discovered_completed_ns")
+    if isinstance(done, int) and done > 0 and entry.state == "completed":
+        entry.t_complete_ns = done - wall_minus_mono_ns
+        return True
+    return False
 
 
 def _hot_path(rec: Recorder) -> dict[str, bool]:
@@ -81,18 +110,25 @@ def _hot_path(rec: Recorder) -> dict[str, bool]:
     return {"c": c, "torch_reader": fastpath.uses_torch_reader() if c else peek.load() is not None}
 
 
-def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[str, Any]:
+BRIEF_ENTRIES = 16  # the exit record keeps the last few ops: "exited normally after <op> seq N"
+
+
+def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: bool = False) -> dict[str, Any]:
+    """The dump (docs/dump-format.md). `brief`: the exit record of a rank leaving cleanly, which
+    keeps the progress counters and its last few ops but no thread stacks."""
     rank, world_size = process_rank()
     rec.poll_works()
     rec.device_timing.resolve()
     rec.groups.discover()
     rec.scan_cpp_ops()
     entries = rec.entries()
-    fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
-    _enrich_cpp_entries(entries, fr)
-    groups = rec.groups.table()
-    columns, templates = to_tables(entries)
+    if brief:
+        entries = entries[-BRIEF_ENTRIES:]
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
+    fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
+    measured = _enrich_cpp_entries(entries, fr, wall_ns - mono_ns)
+    groups = rec.groups.table()
+    columns, templates = to_tables(entries, measured)
     local_rank = os.environ.get("LOCAL_RANK")
     return {
         "format": FORMAT,
@@ -103,6 +139,8 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "job_id": os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("FLIGHTREC_JOB_ID"),
+        "store": _store_address(),
+        "armed_wall_ns": rec.armed_wall_ns,
         "torch_version": str(torch.__version__),
         "python_version": platform.python_version(),
         "flightrec_version": _version(),
@@ -116,10 +154,12 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None) -> dict[st
         "capacity": rec.ring.capacity,
         "recorded": rec.ring.recorded,
         "dropped": max(0, rec.ring.recorded - len(entries)),
+        "exit_record": brief,
         "groups": groups,
+        "progress": group_progress(rec),
         "templates": templates,
         "entries": columns,
-        "threads": all_thread_stacks(),
+        "threads": [] if brief else all_thread_stacks(),
         "torch_fr": {"pg_status": fr.get("pg_status")} if fr else None,
         "recorder_errors": list(log.errors),
     }

@@ -23,7 +23,7 @@ COLUMNS = (
     "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op",
     "in_shapes", "in_dtypes", "out_shapes", "out_dtypes", "is_async", "unit", "state", "error",
     "t_enqueue_ns", "t_complete_ns", "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack",
-    "source",
+    "source", "t_seen_ns", "t_seen_complete_ns",
 )
 
 
@@ -149,7 +149,7 @@ _CODED: dict[str, tuple[Callable[[Entry], Any], Callable[[Entry], Any]]] = {
     "source": (attrgetter("source"), attrgetter("source")),
 }
 # Columns left out of a dump when every value is null (readers take null for them).
-OMITTED_WHEN_NULL = frozenset(("error", "t_dev_start_ns", "t_dev_end_ns", "stack"))
+OMITTED_WHEN_NULL = frozenset(("error", "t_dev_start_ns", "t_dev_end_ns", "stack", "t_seen_ns", "t_seen_complete_ns"))
 # ... and columns left out when every value is this default (no p2p, no root, nothing coalesced or
 # async): each is 2,000 numbers fewer for every reader to parse.
 OMITTED_AT_DEFAULT = {"peer": -1, "root": -1, "unit": -1, "is_async": False}
@@ -189,7 +189,26 @@ def _template_key(e: Entry) -> tuple[Any, ...]:
             _meta_key(e.outputs), e.is_async, e.thread, _site_key(e.site), e.source)
 
 
-def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False) -> dict[str, Any]:
+def _times(entries: list[Entry], name: str, measured: dict[int, bool]) -> list[int | None]:
+    """A C++-issued op's times are the moments the watchdog's polling noticed it issued and completed,
+    unless PyTorch's recorder measured them (`measured`: id -> completion measured too): those go to
+    `t_seen_ns` / `t_seen_complete_ns`, and `t_enqueue_ns` / `t_complete_ns` hold only measurements."""
+    seen = name.startswith("t_seen")
+    enqueue = name in ("t_seen_ns", "t_enqueue_ns")
+    out: list[int | None] = []
+    for e in entries:
+        value = e.t_enqueue_ns if enqueue else e.t_complete_ns
+        if e.source == "python":
+            out.append(None if seen else value)
+            continue
+        how = measured.get(e.id)
+        is_measured = how is not None and (enqueue or how)
+        out.append(value if is_measured != seen else None)
+    return out
+
+
+def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False,
+             measured: dict[int, bool] | None = None) -> dict[str, Any]:
     """Numbers as arrays, text and shape columns dictionary-encoded, optional columns left out when
     all null or all at their default. `packed`: integer arrays and codes as hex deltas from their first value, in their narrowest type (schema 6)."""
     columns: dict[str, Any] = {}
@@ -201,7 +220,12 @@ def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False)
                 continue
             columns[name] = {**column, "codes": pack(column["codes"])} if packed else column
             continue
-        values = [_frames(e) for e in entries] if name == "stack" else [getattr(e, name) for e in entries]
+        if name == "stack":
+            values = [_frames(e) for e in entries]
+        elif name in _TIME_COLUMNS:
+            values = _times(entries, name, measured or {})
+        else:
+            values = [getattr(e, name) for e in entries]
         if name in OMITTED_WHEN_NULL and all(v is None for v in values):
             continue
         if name in OMITTED_AT_DEFAULT and values and values.count(OMITTED_AT_DEFAULT[name]) == len(values):
@@ -210,7 +234,10 @@ def _columns(entries: list[Entry], names: tuple[str, ...], packed: bool = False)
     return columns
 
 
-def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:
+_TIME_COLUMNS = frozenset(("t_enqueue_ns", "t_complete_ns", "t_seen_ns", "t_seen_complete_ns"))
+
+
+def to_tables(entries: list[Entry], measured: dict[int, bool] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The dump's `entries` and `templates` (schema 3, docs/dump-format.md).
 
     Why: a 2,000-entry ring repeats a few dozen distinct ops; written once each, the per-entry part
@@ -218,6 +245,6 @@ def to_tables(entries: list[Entry]) -> tuple[dict[str, Any], dict[str, Any]]:
     Schema 4 packs those number columns (flightrec/packed.py): one hex string each, not 2,000 numbers.
     """
     templates = coded_column(entries, _template_key, lambda e: e)  # the first entry of each distinct op
-    columns = _columns(entries, ENTRY_COLUMNS, packed=True)
+    columns = _columns(entries, ENTRY_COLUMNS, packed=True, measured=measured)
     columns["template"] = pack(templates["codes"])
     return columns, _columns(templates["values"], TEMPLATE_COLUMNS)

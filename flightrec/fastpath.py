@@ -43,7 +43,7 @@ def available() -> bool:
             log.warn_once("fastpath", f"C hot path unavailable, recording in Python: {exc!r}")
             return False
         _configured = True
-        peek.when_loaded(_attach_reader)  # armed half-way through `import torch`: the reader comes later
+        peek.when_loaded(_attach_reader)  # enable() called while torch is still importing: the reader comes later
     return True
 
 

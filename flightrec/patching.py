@@ -191,8 +191,15 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
     """Register groups the moment they exist, so C++ ops on them are counted from their first one,
     and release destroyed ones before the job can create the next."""
 
+    destroys = original.__name__ == "destroy_process_group"
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if destroys and rec.active:
+            try:  # the last C++ ops (DDP's final all-reduce) are counted while their group can still be read
+                rec.scan_cpp_ops()
+            except Exception as exc:  # noqa: BLE001
+                log.warn_once("final-scan", f"could not count the last C++-issued ops: {exc!r}")
         result = original(*args, **kwargs)
         if rec.active:
             try:

@@ -99,6 +99,7 @@ class Recorder:
         self.cpp_open: list[Entry] = []  # C++ ops whose completion is not known yet
         self.device_timing = DeviceTiming()  # used only by ops on a device (NCCL, HCCL)
         self.on_failure: Callable[[Entry, bool], None] | None = None  # set by the watchdog owner
+        self.armed_wall_ns = time.time_ns()  # when this process was armed: tells one run of a job from the next
 
     # ------------------------------------------------------------------ hot path
     def thread_state(self) -> ThreadState:

@@ -120,8 +120,15 @@ class TermHandler:
                 self._done.set()
 
     def handle_from_watchdog(self) -> None:
-        """Dump, then die of SIGTERM as the process would have without us."""
+        """Dump, then die of SIGTERM as the process would have without us.
+
+        Only while our handler is the installed one: a handler set after ours (torchrun's agent
+        stopping its workers, a training loop's graceful exit) owns the signal and runs in the
+        main thread; killing the process from here would pre-empt it.
+        """
         self.dump_once()
+        if not self.owns_signal():
+            return
         if self._previous in (signal.SIG_DFL,):
             try:
                 _libc().signal(signal.SIGTERM, _SIG_DFL_PTR)
@@ -129,6 +136,13 @@ class TermHandler:
                 pass
             os.kill(os.getpid(), signal.SIGTERM)
         # a Python handler of the user's runs when the main thread gets back to Python
+
+    def owns_signal(self) -> bool:
+        """Whether SIGTERM still goes to our handler (any thread may ask)."""
+        try:
+            return self._installed and signal.getsignal(signal.SIGTERM) == self._on_signal
+        except Exception:  # noqa: BLE001 - cannot tell: leave the process alone
+            return False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._dumping_here():

@@ -29,10 +29,14 @@ _PEER_REQUEST_EVERY_S = 5.0
 _STORE_POLL_EVERY_S = 1.0
 
 
+CPP_SITE = "issued from C++ (e.g. DDP's Reducer)"
+
+
 def describe(entry: Entry) -> str:
-    where = format_site(entry.site)
+    where = format_site(entry.site) or (CPP_SITE if entry.source == "c++" else "an unknown call site")
     target = f" peer={entry.peer}" if entry.kind == "p2p" else ""
-    return f"{entry.op} group={entry.group} seq={entry.seq}{target} at {where or '?'}"
+    op = entry.op if entry.op != "unknown" else "a collective"
+    return f"{op} group={entry.group} seq={entry.seq}{target} {'' if where == CPP_SITE else 'at '}{where}"
 
 
 class Watchdog:
@@ -142,7 +146,7 @@ class Watchdog:
             detail = f"{describe(entry)} failed: {entry.error}"
             if not dumped:
                 self._dump("op_failed", detail)
-            self._ask_peers(f"op_failed on rank {_rank()}: {detail}")
+            self.ask_peers(f"op_failed on rank {_rank()}: {detail}")
 
     def _update_cpp_states(self) -> None:
         oldest_kept = self.rec.ring.recorded - self.rec.ring.capacity
@@ -179,9 +183,9 @@ class Watchdog:
         waited = (now - oldest.t_enqueue_ns) / 1e9
         detail = f"{describe(oldest)} incomplete after {waited:.1f}s"
         self._dump("timeout", detail)
-        self._ask_peers(f"timeout on rank {_rank()}: {detail}")
+        self.ask_peers(f"timeout on rank {_rank()}: {detail}")
 
-    def _ask_peers(self, reason: str) -> None:
+    def ask_peers(self, reason: str) -> None:
         now = time.monotonic()
         if self._stop.is_set() or now - self._last_peer_request < _PEER_REQUEST_EVERY_S:
             return

@@ -81,7 +81,7 @@ def load_dump(folder: str | Path, rank: int) -> dict[str, Any]:
 DUMP_COLUMNS = (
     "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op", "in_shapes", "in_dtypes",
     "out_shapes", "out_dtypes", "is_async", "unit", "state", "error", "t_enqueue_ns", "t_complete_ns",
-    "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack", "source",
+    "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack", "source", "t_seen_ns", "t_seen_complete_ns",
 )
 
 

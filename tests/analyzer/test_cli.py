@@ -34,8 +34,8 @@ def test_json_report_contract(scenario):
     assert result.exit_code == 0
     report = json.loads(result.output)
     assert REQUIRED <= set(report)
-    assert report["verdict"] in {"healthy", "hang", "desync", "deadlock"}
-    assert set(report["ranks"]) == {"expected", "dumped", "missing", "unreadable"}
+    assert report["verdict"] in {"healthy", "hang", "desync", "deadlock", "crash"}
+    assert set(report["ranks"]) == {"expected", "dumped", "missing", "unreadable", "stale"}
     for c in report["root_causes"]:
         assert {"rank", "kind", "group", "seq", "op", "detail"} <= set(c)
     for w in report["waits"]:

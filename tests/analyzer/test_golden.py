@@ -35,4 +35,4 @@ def test_cascade_names_only_the_originating_rank() -> None:
 def test_crash_has_no_dump_and_is_blamed_alone(tmp_path: Path) -> None:
     report = analyzers.load(str(GOLDEN / "crash")).report()
     assert report["ranks"]["missing"] == [1]
-    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(1, "missing_dump")]
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(1, "crashed")]

@@ -133,7 +133,7 @@ def test_html_report_without_matplotlib(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     html = html_report.render_html(analyzers.load(GOLDEN / "crash"))
     assert "flightrec[notebook]" in html and "data:image/png" not in html
-    assert "rank 1 &mdash; missing_dump" in html
+    assert "rank 1 &mdash; crashed" in html
 
 
 def test_html_report(tmp_path):

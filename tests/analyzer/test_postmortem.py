@@ -82,7 +82,7 @@ def test_tables(hang):
     assert list(pm.waits(hang)["rank"]) == [0, 1, 3]
     assert isinstance(pm.wait_graph(hang), nx.DiGraph) and pm.report(hang)["verdict"] == "hang"
     crash = pm.ranks(analyzers.load(GOLDEN / "crash")).set_index("rank")
-    assert not crash.loc[1, "dumped"] and crash.loc[1, "root_cause_kind"] == "missing_dump"
+    assert not crash.loc[1, "dumped"] and crash.loc[1, "root_cause_kind"] == "crashed"
 
 
 @pytest.mark.parametrize("fixture", ["compute_hang", "torch_fr_gloo"])

@@ -16,7 +16,7 @@ def test_healthy(scenario):
     report = analyzers.load(scenario("healthy")).report()
     assert report["verdict"] == "healthy"
     assert report["root_causes"] == [] and report["waits"] == [] and report["mismatches"] == []
-    assert report["ranks"] == {"expected": 4, "dumped": [0, 1, 2, 3], "missing": [], "unreadable": []}
+    assert report["ranks"] == {"expected": 4, "dumped": [0, 1, 2, 3], "missing": [], "unreadable": [], "stale": []}
 
 
 def test_compute_hang_names_the_rank_and_its_stack(scenario):

@@ -57,13 +57,17 @@ def test_invalid_value_turns_the_recorder_off_not_the_job() -> None:
 
 
 def test_startup_hook_arms_only_when_asked() -> None:
-    code = "import sys; print('torch' in sys.modules); import torch.distributed as d; print(hasattr(d.all_reduce, '__flightrec_wrapped__'))"
+    code = ("import sys; print('torch' in sys.modules); import torch.distributed as d; "
+            "print(hasattr(d.all_reduce, '__flightrec_wrapped__')); "
+            "d.init_process_group('gloo', store=d.HashStore(), rank=0, world_size=1); "
+            "print(hasattr(d.all_reduce, '__flightrec_wrapped__'))")
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                         env=dict(os.environ, FLIGHTREC="1"))
-    assert off.stdout.split() == ["False", "False"], off.stderr
-    assert on.stdout.split() == ["False", "True"], on.stderr  # the hook itself imports no torch
+    assert off.stdout.split() == ["False", "False", "False"], off.stderr
+    # the hook itself imports no torch, and arms only once the process joins a group
+    assert on.stdout.split() == ["False", "False", "True"], on.stderr
 
 
 def test_ring_wraps_in_constant_memory() -> None:

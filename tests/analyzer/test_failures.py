@@ -1,0 +1,120 @@
+"""Failures ordered in time: the first crash is the root cause, lost connections are consequences,
+a clean exit is `exited`, exit records never wait, and progress counters see past a wrapped ring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import analyzers
+from analyzers.failures import PEER_ERROR, classify
+from fixtures.builders import WALL_BASE_NS, Job
+
+GLOO_CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+               "[127.0.0.1]:63143. This is typically caused by a remote worker crashing.")
+GLOO_RESET = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:48345: Connection reset by peer."
+
+
+def causes(report: dict) -> list[tuple[int, str]]:
+    return sorted((c["rank"], c["kind"]) for c in report["root_causes"])
+
+
+def _died(job: Job, rank: int, text: str, at_s: float) -> None:
+    job.set(rank, reason="exception", reason_detail=f"uncaught in thread MainThread: {text}",
+            dump_time_ns=WALL_BASE_NS + int(at_s * 1e9),
+            exception={"type": text.split(":")[0], "message": text.split(": ", 1)[1], "thread": "MainThread",
+                       "traceback": ["train.py:50 in main", "train.py:31 in step", "model.py:12 in forward"]})
+
+
+def test_classify() -> None:
+    assert classify(GLOO_CLOSED) == "peer_error" and classify(GLOO_RESET) == "peer_error"
+    assert classify("RuntimeError: [gloo] Timed out waiting 1800000ms for recv operation to complete") == "timeout"
+    assert classify("ValueError: loss is NaN") == "error"
+    assert not PEER_ERROR.search("CUDA out of memory")
+
+
+def test_a_silent_death_is_the_crash_and_lost_connections_are_consequences(tmp_path: Path) -> None:
+    """DDP: rank 3 died without a word; 0 and 2 raised 'connection closed' from the Reducer, 1 was terminated."""
+    job = Job(4)
+    for _ in range(3):
+        job.collective("0", "all_reduce", source="c++", api="c++", site=None)
+    job.collective("0", "all_reduce", ranks=[0, 1, 2], state="unknown", source="c++", api="c++", site=None)
+    _died(job, 0, GLOO_CLOSED, 1.0)
+    _died(job, 2, GLOO_RESET, 1.1)
+    job.set(1, reason="signal", dump_time_ns=WALL_BASE_NS + int(1.5e9))
+    report = analyzers.load(job.write(tmp_path, skip=[3])).report()
+    assert report["verdict"] == "crash"
+    assert causes(report) == [(3, "crashed")], report["root_causes"]
+    (cause,) = report["root_causes"]
+    assert cause["victims"] == [0, 1, 2]
+    assert "127.0.0.1:63143" in cause["detail"] and "without leaving a dump" in cause["detail"]
+    assert [(f["rank"], f["kind"]) for f in report["failures"]] == [(0, "peer_error"), (2, "peer_error"),
+                                                                    (1, "terminated")]
+    assert report["summary"].startswith("crash: rank 3 crashed")
+
+
+def test_the_first_own_error_is_the_root_cause(tmp_path: Path) -> None:
+    """Rank 2 raised its own error first; 0 and 1 lost their connection to it; 3 raised later, after them."""
+    job = Job(4)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[0, 1, 3], state="failed")
+    _died(job, 2, "ValueError: loss is NaN at step 7", 1.0)
+    _died(job, 0, GLOO_CLOSED, 1.2)
+    _died(job, 1, GLOO_RESET, 1.3)
+    _died(job, 3, "KeyError: 'labels'", 2.0)  # after the lost connections: a consequence, not a second root
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert causes(report) == [(2, "crashed")], report["root_causes"]
+    (cause,) = report["root_causes"]
+    assert "ValueError: loss is NaN" in cause["detail"]
+    assert cause["stack"][-1] == "model.py:12 in forward" and cause["victims"] == [0, 1, 3]
+
+
+def test_a_missing_dump_without_lost_connections_stays_missing_dump(scenario) -> None:
+    report = analyzers.load(scenario("missing_dump")).report()
+    assert report["verdict"] == "hang" and causes(report) == [(3, "missing_dump")]
+
+
+def test_a_clean_exit_is_named_exited(tmp_path: Path) -> None:
+    """Uneven data: rank 1 ran two steps, left cleanly; the others wait for it in the third all_reduce."""
+    job = Job(4)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[0, 2, 3], state="started")
+    job.set(1, reason="exit", reason_detail="normal interpreter exit", exit_record=True, threads=[])
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["verdict"] == "hang"
+    assert causes(report) == [(1, "exited")]
+    assert "exited normally after all_reduce (group 0, seq 2" in report["root_causes"][0]["detail"]
+    assert report["summary"].startswith("hang: rank 1 exited normally before all_reduce")
+
+
+def test_exit_records_never_wait(tmp_path: Path) -> None:
+    """A healthy DDP job dumped at exit: the ranks saw different numbers of C++-issued all-reduces in
+    flight (59-62) when they left; none of them waits for anything."""
+    job = Job(4)
+    for _ in range(58):
+        job.collective("0", "all_reduce", source="c++", api="c++")
+    for rank, extra in ((0, 1), (1, 2), (2, 3), (3, 4)):
+        for _ in range(extra):
+            job.collective("0", "all_reduce", ranks=[rank], state="started", source="c++", api="c++")
+        job.set(rank, reason="exit", reason_detail="normal interpreter exit")
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["verdict"] == "healthy", report["summary"]
+    assert report["waits"] == [] and report["root_causes"] == []
+
+
+def test_progress_counters_see_past_a_wrapped_ring(tmp_path: Path) -> None:
+    """Rank 1's ring holds only its side group's ops; its counters say it never entered world seq 2."""
+    job = Job(4)
+    job.group("5", [1], "solo1")
+    job.collective("0", "all_reduce")
+    for _ in range(20):
+        job.collective("5", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[0, 2, 3], state="started")
+    job.ring(1, 8)
+    job.set(1, progress=[{"group": "0", "kind": "coll", "entered": 1, "started": 1, "completed": 1},
+                         {"group": "5", "kind": "coll", "entered": 20, "started": 20, "completed": 20}])
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert causes(report) == [(1, "not_entered")], (report["root_causes"], report["gaps"])
+    job.set(1, progress=None)
+    report = analyzers.load(job.write(tmp_path / "without")).report()
+    assert causes(report) != [(1, "not_entered")]  # without the counters the ring alone cannot tell
