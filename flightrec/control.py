@@ -6,6 +6,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 import traceback
 from types import TracebackType
 from typing import Any
@@ -18,6 +19,11 @@ from .recorder import Recorder
 from .settings import Settings, SettingsError, load_settings
 from .signals import AbortHandler, TermHandler
 from .watchdog import Watchdog
+
+# A dump written because this rank failed is not replaced by the SIGTERM dump that follows within
+# seconds (torchrun stops every worker once one exited with an error): the failure says more.
+FAILURE_REASONS = ("exception", "op_failed", "abort")
+FAILURE_DUMP_KEPT_S = 60.0
 
 
 class _Armed:
@@ -35,6 +41,7 @@ class _Armed:
         self.dump_lock = threading.Lock()
         self.recorder.on_failure = self._on_failure
         self.crashed = False  # an uncaught exception was dumped: the exit record must not replace it
+        self.failure_dumped_at = -1e18  # monotonic time of the last failure dump (FAILURE_REASONS)
         self.exceptions = ExceptionHooks(self._on_uncaught)
 
     def start(self) -> None:
@@ -78,6 +85,8 @@ class _Armed:
             is_rank = joined() or self.recorder.ring.recorded > 0
             if process_rank()[0] < 0 and not is_rank:
                 return False  # e.g. torchrun's agent process: it never joined a group
+            if reason == "signal" and time.monotonic() - self.failure_dumped_at < FAILURE_DUMP_KEPT_S:
+                return False  # the launcher stops us because we failed: our failure's dump says more
             payload = build_dump(self.recorder, reason, detail, brief=reason == "exit" and not self.settings.dump_on_exit)
             payload.update(extra or {})
             # a process that inherited RANK but never joined (a spawned DataLoader worker) may
@@ -91,6 +100,8 @@ class _Armed:
             log.warn_once(f"dump-{type(exc).__name__}", f"could not build a dump: {exc!r}")
             return False
         self.watchdog.dumped_now()
+        if reason in FAILURE_REASONS:
+            self.failure_dumped_at = time.monotonic()
         return True
 
     def _on_failure(self, entry: Entry, in_calling_thread: bool) -> None:

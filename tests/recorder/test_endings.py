@@ -98,3 +98,13 @@ def test_cpp_issued_ops_carry_only_measured_times(tmp_path: Path, torch_recorder
         assert None not in enqueued and enqueued == sorted(enqueued) and len(set(enqueued)) == len(enqueued)
         assert all(e.get("t_seen_ns") is None for e in cpp)
         assert "all_reduce" in {e["op"] for e in cpp}
+
+
+def test_the_launchers_sigterm_after_a_failure_keeps_the_failure_dump(tmp_path: Path) -> None:
+    """torchrun stops every worker once one exited with an error, often while a failing rank is still
+    on its way out: the SIGTERM dump must not replace the dump that says what failed."""
+    code = OTHER_THREAD_ERROR + "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\n"
+    out = _run(code, tmp_path)
+    assert out.returncode == -15, out.stderr
+    dump = load_dump(tmp_path, 0)
+    assert dump["reason"] == "exception" and dump["exception"]["type"] == "KeyError"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.launch import descendants, free_port, kill_tree
+from fixtures.launch import descendants, free_port, stop_job
 from flightrec.dumper import read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,17 +93,7 @@ def terminate_torchrun(out: Path, flightrec: bool, ready_timeout_s: float = 90.0
                 time.sleep(0.1)
             orphans = [pid for pid in workers if _alive(pid)]
         finally:
-            kill_tree(proc.pid)
-            for pid in seen:
-                if _alive(pid) and _ours(pid):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+            stop_job(proc, [pid for pid in seen if _alive(pid) and _ours(pid)])
     reasons: dict[int, str | None] = {}
     for rank in range(NPROC):
         path = out / f"rank-{rank:05d}.json.gz"
