@@ -184,6 +184,8 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
     if not failures:
         return causes
     own, silent = fail.crash_roots(failures, set(absent))
+    if any(c.kind == MISMATCH for c in causes):
+        own = []  # a collective that failed on mismatched sizes or types: the desync explains the error
     roots = {f.rank for f in own} | silent
     by_rank = {f.rank: f for f in failures}
     kept: list[Cause] = []

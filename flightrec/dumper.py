@@ -124,6 +124,10 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     entries = rec.entries()
     if brief:
         entries = entries[-BRIEF_ENTRIES:]
+    kept = {e.id for e in entries}
+    lost = [e for e in rec.in_flight() if e.id not in kept]  # pushed out of the ring while still running
+    if lost:
+        entries = sorted(lost + entries, key=lambda e: e.id)
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
     fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
     measured = _enrich_cpp_entries(entries, fr, wall_ns - mono_ns)

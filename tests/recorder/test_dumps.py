@@ -228,3 +228,12 @@ def test_exit_waits_for_a_watchdog_blocked_in_the_store(tmp_path: Path) -> None:
     codes = run_ranks(workers.exit_while_store_call_in_flight, 2, str(tmp_path), timeout_s=60)
     assert codes == [0, 0], "exit code 5: the watchdog thread outlived the exit hook"
     assert load_dump(tmp_path, 1)["reason"] == "exit"
+
+
+def test_an_op_in_flight_is_dumped_after_the_ring_dropped_it(tmp_path: Path) -> None:
+    run_ranks(workers.in_flight_past_the_ring, 2, str(tmp_path), timeout_s=90)
+    dump = load_dump(tmp_path, 0)
+    assert dump["reason"] == "api:in-flight"
+    rows = entries(dump)
+    assert [(e["op"], e["state"]) for e in rows][0] == ("recv", "started"), rows
+    assert len(rows) == 5 and rows[0]["id"] < rows[1]["id"] - 1  # the 4 kept entries, after the older one

@@ -333,3 +333,22 @@ def ops_in_flight(rank: int, world_size: int, port: int, out: str) -> None:
         json.dump(seen, handle)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def in_flight_past_the_ring(rank: int, world_size: int, port: int, out: str) -> None:
+    """Rank 0 posts an irecv nobody has sent yet, then 10 collectives push it out of its 4-entry ring."""
+    assert flightrec.enable(dir=out, buffer=4, timeout_s=60)
+    init_rank(rank, world_size, port)
+    box = torch.zeros(3)
+    work = dist.irecv(box, src=1) if rank == 0 else None
+    for _ in range(10):
+        dist.all_reduce(torch.ones(2))
+    if rank == 0:
+        flightrec.dump("in-flight")
+    dist.barrier()
+    if rank == 1:
+        dist.send(torch.ones(3), dst=0)
+    else:
+        work.wait()
+    dist.barrier()
+    dist.destroy_process_group()
