@@ -175,8 +175,11 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
         lasts = idle.loc[idle.groupby("rank")["id"].idxmax()]
         failed = lasts["state"] == FAILED
         unreliable = lasts["rank"].map(lambda r: not ctx.dumps[int(r)].completion_reliable).astype(bool)
+        # a C++-issued op whose completion nobody could observe (PyTorch's recorder off) may be where
+        # the rank blocks (DDP's Reducer): inferred like a format that cannot see completion
+        unobservable = (lasts["state"] == UNKNOWN).to_numpy()
         chosen.append(lasts[failed].assign(how=HOW_FAILED))
-        chosen.append(lasts[~failed & unreliable].assign(how=HOW_INFERRED))
+        chosen.append(lasts[~failed & (unreliable | unobservable)].assign(how=HOW_INFERRED))
     waits: dict[int, Wait] = {}
     if not chosen:
         return waits

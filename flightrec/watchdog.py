@@ -59,6 +59,8 @@ class Watchdog:
         self._next_store_poll = 0.0
         self._last_peer_request = -1e18
         self.last_dump_mono_ns = 0
+        self._recorded_seen = -1  # ring.recorded at the last change, and when it changed: see _silent_cpp_op
+        self._recorded_since_ns = 0
         self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -175,6 +177,14 @@ class Watchdog:
         candidates += [e for e in self.rec.cpp_open if e.state == "started"]
         stuck = [e for e in candidates if e.pending and now - e.t_enqueue_ns > limit_ns and e.id not in self._fired]
         if not stuck:
+            silent = self._silent_cpp_op(now, limit_ns)
+            if silent is not None:
+                self._fired.add(silent.id)
+                waited = (now - self._recorded_since_ns) / 1e9
+                detail = (f"{describe(silent)}, then no op for {waited:.1f}s; its completion cannot be observed "
+                          "without PyTorch's recorder (TORCH_FR_BUFFER_SIZE)")
+                self._dump("timeout", detail)
+                self.ask_peers(f"timeout on rank {_rank()}: {detail}")
             return
         oldest = min(stuck, key=lambda e: e.t_enqueue_ns)
         self._fired.update(e.id for e in stuck)
@@ -184,6 +194,21 @@ class Watchdog:
         detail = f"{describe(oldest)} incomplete after {waited:.1f}s"
         self._dump("timeout", detail)
         self.ask_peers(f"timeout on rank {_rank()}: {detail}")
+
+    def _silent_cpp_op(self, now: int, limit_ns: int) -> Entry | None:
+        """The newest op, when it was issued from C++, its completion cannot be observed (`unknown`:
+        PyTorch's recorder is off) and nothing was recorded for a whole timeout since: DDP's Reducer
+        blocked in its all-reduce looks exactly like this, and nothing else would ever fire. A rank
+        that only computes that long after a completed C++ op dumps too; the analyzer then finds
+        every member at the same position and reports no hang."""
+        recorded = self.rec.ring.recorded
+        if recorded != self._recorded_seen:
+            self._recorded_seen, self._recorded_since_ns = recorded, now
+            return None
+        last = self.rec.cpp_open[-1] if self.rec.cpp_open else None
+        if last is None or last.state != "unknown" or last.id != recorded - 1 or last.id in self._fired:
+            return None
+        return last if now - self._recorded_since_ns > limit_ns else None
 
     def ask_peers(self, reason: str) -> None:
         now = time.monotonic()

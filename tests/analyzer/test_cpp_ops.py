@@ -1,0 +1,35 @@
+"""C++-issued collectives whose completion nobody observed (PyTorch's recorder off): a hang inside
+DDP's Reducer is found from who entered what, and a job where every rank got as far is not a hang."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import analyzers
+from fixtures.builders import Job
+
+
+def _ddp(job: Job, ranks: list[int] | None = None) -> None:
+    job.collective("0", "all_reduce", ranks=ranks, state="unknown", source="c++", api="c++")
+
+
+def test_a_stall_before_a_cpp_all_reduce_is_a_hang(tmp_path: Path) -> None:
+    job = Job(2)
+    for _ in range(4):
+        _ddp(job)
+    _ddp(job, ranks=[0])  # rank 0 is in the Reducer's all-reduce; rank 1 never got there
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["verdict"] == "hang", report["summary"]
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(1, "not_entered")]
+    (wait,) = report["waits"]
+    assert wait["rank"] == 0 and wait["evidence"] == "inferred"
+    assert any("cannot observe completion" in g for g in report["gaps"])
+
+
+def test_every_rank_at_the_same_cpp_op_is_no_hang(tmp_path: Path) -> None:
+    job = Job(2)
+    for _ in range(5):
+        _ddp(job)
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["verdict"] == "healthy", report["summary"]
+    assert report["waits"] == []
