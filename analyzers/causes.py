@@ -18,7 +18,18 @@ import networkx as nx
 import pandas as pd
 
 from . import failures as fail
-from .constants import COMM_STUCK, CPP_SITE, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from .constants import (
+    COMM_STUCK,
+    CPP_SITE,
+    CRASHED,
+    ENQUEUED,
+    EXITED,
+    KIND_DEADLOCK,
+    MISMATCH,
+    MISSING_DUMP,
+    NOT_ENTERED,
+    STARTED,
+)
 from .matching import MatchResult
 from .rankdump import RankDump
 from .textutil import plural, ranges
@@ -368,8 +379,15 @@ def _comm_stuck(stuck: list[Wait], group_members: list[int], desc: dict[str, str
         f"every member of {_label(w0.group, w0.seq, w0.op, desc)} entered it and it has not completed ({state_txt}): "
         f"suspect the link or device of ranks {ranges(ranks)}"
     )
+    queued, running = states.get(ENQUEUED, []), states.get(STARTED, [])
+    if queued and running:  # NCCL-style states: a device that never reached the kernel holds the others
+        ranks = sorted(queued)
+        detail = (f"ranks {ranges(running)} started {_label(w0.group, w0.seq, w0.op, desc)} on their device and wait; "
+                  f"on {ranges(queued)} it is still only scheduled (their GPU never reached the kernel: a stream "
+                  f"blocked by earlier work, a hung kernel or a lost device): suspect rank{'s' if len(queued) > 1 else ''} "
+                  f"{ranges(queued)}" + (f"; completed on {ranges(finished)}" if finished else ""))
     return Cause(
-        rank=min(ranks),
+        rank=min(w.rank for w in stuck if w.rank in ranks) if any(w.rank in ranks for w in stuck) else min(ranks),
         kind=COMM_STUCK,
         group=w0.group,
         seq=w0.seq,

@@ -33,3 +33,26 @@ def test_every_rank_at_the_same_cpp_op_is_no_hang(tmp_path: Path) -> None:
     report = analyzers.load(job.write(tmp_path)).report()
     assert report["verdict"] == "healthy", report["summary"]
     assert report["waits"] == []
+
+
+def test_comm_stuck_names_a_rank_that_did_not_complete(tmp_path: Path) -> None:
+    """Rank 0 completed the all_reduce (it saw the others' data); ranks 1-3 are still in it."""
+    job = Job(4)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[0])
+    job.collective("0", "all_reduce", ranks=[1, 2, 3], state="started", seq=2)
+    report = analyzers.load(job.write(tmp_path)).report()
+    (cause,) = report["root_causes"]
+    assert cause["kind"] == "comm_stuck" and cause["rank"] != 0, cause
+
+
+def test_comm_stuck_singles_out_ranks_whose_op_never_started(tmp_path: Path) -> None:
+    """NCCL-style states: ranks 0, 1, 3 started the kernel, rank 2's op is only scheduled."""
+    job = Job(4, backend="nccl")
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[0, 1, 3], state="started")
+    job.collective("0", "all_reduce", ranks=[2], state="enqueued")
+    report = analyzers.load(job.write(tmp_path)).report()
+    (cause,) = report["root_causes"]
+    assert (cause["kind"], cause["rank"], cause["ranks"]) == ("comm_stuck", 2, [2]), cause
+    assert "only scheduled" in cause["detail"]
