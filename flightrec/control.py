@@ -124,6 +124,7 @@ def _after_fork_in_child() -> None:
     armed.recorder.active = False  # children record nothing into a copy of our buffer
     armed.term.after_fork_in_child()
     armed.abort.uninstall()
+    armed.exceptions.uninstall()  # a DataLoader worker's crash must not dump as the rank
     _state = None
 
 
