@@ -136,19 +136,21 @@ class ExceptionHooks:
         self._on_uncaught = on_uncaught
         self._sys_previous: Any = None
         self._thread_previous: Any = None
+        self.active = True
 
     def install(self) -> None:
         self._sys_previous, sys.excepthook = sys.excepthook, self._sys_hook
         self._thread_previous, threading.excepthook = threading.excepthook, self._thread_hook
 
     def uninstall(self) -> None:
+        self.active = False  # a hook installed after ours (torch's `[rankN]:` one) may still call ours
         if sys.excepthook == self._sys_hook:
             sys.excepthook = self._sys_previous
         if threading.excepthook == self._thread_hook:
             threading.excepthook = self._thread_previous
 
     def _report(self, exc: BaseException | None, tb: TracebackType | None, thread: str) -> None:
-        if exc is None or not isinstance(exc, Exception):
+        if exc is None or not isinstance(exc, Exception) or not self.active:
             return  # SystemExit, KeyboardInterrupt: not a crash of the job's code
         try:
             frames = [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(tb)]
