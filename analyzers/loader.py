@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import sources
+from . import read_torch_fr, sources
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .jobs import split_jobs
 from .memory import reuse_freed_memory
-from .rankdump import FileProblem, RankDump
+from .rankdump import FileProblem, RankDump, SideFile
 from .read import read_path
 from .textutil import ranges
 
@@ -218,6 +218,7 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None, prog
     split = split_jobs([r for r in everything if isinstance(r, RankDump)])  # another job's dumps: set aside, named
     dumps, notes = _one_per_rank(split.kept)
     notes = split.notes + notes
+    problems += _attach_side_files([r for r in everything if isinstance(r, SideFile)], dumps)
     if not dumps:
         lines = "; ".join(p.line() for p in problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise UnusableInput(f"{path}: no readable dump ({lines})")
@@ -227,6 +228,22 @@ def load_folder(folder: str | os.PathLike[str], workers: int | None = None, prog
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes, jobs=split.jobs)
+
+
+def _attach_side_files(sides: list[SideFile], dumps: dict[int, RankDump]) -> list[FileProblem]:
+    """Give each rank's dump the thread stacks of its side file (torch_npu's `_py_traceback`); a side file
+    whose rank has no dump, or whose rank's dump already has stacks, is reported rather than dropped."""
+    problems: list[FileProblem] = []
+    for side in sides:
+        dump = dumps.get(side.rank) if side.rank is not None else None
+        if dump is None:
+            problems.append(FileProblem(side.file, "Python-stack file of a rank with no readable dump", side.rank))
+        elif dump.threads:
+            problems.append(FileProblem(side.file, f"ignored: {dump.file} already has thread stacks", side.rank))
+        else:
+            dump.threads = side.threads
+            dump.notes = [n for n in dump.notes if n != read_torch_fr.NOTE_NO_STACKS]
+    return problems
 
 
 def _discover_url(url: str) -> tuple[object, list[str]]:

@@ -49,6 +49,16 @@ class RankDump:
 
 
 @dataclass
+class SideFile:
+    """A file that belongs beside a rank's dump rather than being one: torch_npu's `<prefix><rank>_py_traceback`
+    (every thread's Python stack). The loader hands its `threads` to that rank's dump."""
+
+    file: str
+    rank: int | None
+    threads: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class FileProblem:
     """A file that could not be used, with the rank its name implies (None when it names none)."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import read_flightrec, read_torch_fr, safe_pickle
 from .constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
-from .rankdump import DumpError, FileProblem, RankDump
+from .rankdump import DumpError, FileProblem, RankDump, SideFile
 
 try:  # optional: 2-3x faster than the standard library on big dumps; same results
     import orjson as _orjson
@@ -33,7 +33,9 @@ TRAILING_RANK = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?(?:\.gz)?$")
 
 
 def rank_from_name(name: str) -> int | None:
-    """`rank-00003.json.gz` -> 3, `nccl_trace_rank_3` / `comm_lib_trace_rank_3.json` -> 3, else None."""
+    """`rank-00003.json.gz` -> 3, `nccl_trace_rank_3` / `comm_lib_trace_rank_3.json` -> 3,
+    `hccl_trace_rank_3_py_traceback` -> 3, else None."""
+    name = name.removesuffix(read_torch_fr.PY_TRACEBACK_SUFFIX)
     if name.startswith("rank-"):  # flightrec's own names; `rank-unknown-<pid>` names no rank
         m = FLIGHTREC_NAME.match(name)
     else:
@@ -42,15 +44,18 @@ def rank_from_name(name: str) -> int | None:
     return rank if rank is not None and rank < MAX_RANKS else None  # a date or an id, not a rank
 
 
-def read_path(path: str, lazy: bool = False) -> RankDump | FileProblem:
+def read_path(path: str, lazy: bool = False) -> RankDump | FileProblem | SideFile:
     """Read and normalise one local file; a problem (never an exception) when it cannot be used.
     `lazy`: a flightrec dump's entries may come back as `columns.Templated` (see read_flightrec.parse)."""
     return read_with(os.path.basename(path), lambda: _file_bytes(path), lazy)
 
 
-def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> RankDump | FileProblem:
-    """Normalise the bytes `fetch` returns (a local file, an fsspec object); problems become FileProblem."""
+def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> RankDump | FileProblem | SideFile:
+    """Normalise the bytes `fetch` returns (a local file, an fsspec object); problems become FileProblem.
+    torch_npu's `_py_traceback` text files come back as a SideFile for the loader to pair with their rank."""
     hint = rank_from_name(name)
+    if name.endswith(read_torch_fr.PY_TRACEBACK_SUFFIX):
+        return _side_file(name, fetch, hint)
     paused = gc.isenabled()
     if paused:  # decoding makes ~10^5 containers per dump: the cyclic GC would rescan them all, twice as slow
         gc.disable()
@@ -65,6 +70,20 @@ def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> Rank
     finally:
         if paused:
             gc.enable()
+
+
+def _side_file(name: str, fetch: Callable[[], bytes], hint: int | None) -> SideFile | FileProblem:
+    """A torch_npu Python-stack file: plain text, read as such (never decoded as a dump)."""
+    try:
+        text = fetch().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return FileProblem(file=name, reason=f"cannot read file ({exc.strerror or exc})", rank=hint)
+    except DumpError as exc:
+        return FileProblem(file=name, reason=str(exc), rank=hint)
+    threads = read_torch_fr.parse_py_traceback(text)
+    if not threads:
+        return FileProblem(file=name, reason="torch_npu Python-stack file with no thread stacks in it", rank=hint)
+    return SideFile(file=name, rank=hint, threads=threads)
 
 
 def _file_bytes(path: str) -> bytes:

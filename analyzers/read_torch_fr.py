@@ -1,15 +1,21 @@
-"""Reader for PyTorch's built-in flight recorder (schema 2.x; NCCL, gloo and torch_npu's HCCL).
+"""Reader for PyTorch's built-in flight recorder and the recorders that copy its schema.
 
-Why: most hangs happen in jobs that never ran flightrec, but PyTorch's recorder is often on. Its
-entries are mapped onto flightrec's columns: `collective_seq_id` is the group sequence, p2p ops get a
+Covers PyTorch (schemas 1.x-2.10, pickle and JSON; NCCL, gloo), torchcomms' FlightRecorderHook and
+torch_npu's HCCL recorder (see docs/report-format.md, "Inputs", for what each writes).
+
+Why: most hangs happen in jobs that never ran flightrec, but one of these recorders is often on. Its
+entries are mapped onto flightrec's columns: `collective_seq_id` is the group sequence (shifted to
+start at 1 where a recorder counts from 0, since flightrec's seq 0 means "none"), p2p ops get a
 per-pair sequence (k-th send a->b matches the k-th recv b<-a), `nccl:recv 1<-0` names become op and
-peer. What the format cannot say (gloo: no timestamps, no p2p, `retired` set even on ops that timed
-out, an empty `pg_config`) is left to the loader's notes instead of being guessed.
+peer. Completion comes from what the format observed (device events; else `retired` and
+pg_status), never from the op-name prefix. What the format cannot say is left to the loader's notes
+instead of being guessed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -24,14 +30,37 @@ PROFILING_NAME = (
 )
 STATE_MAP = {"scheduled": ENQUEUED, "started": STARTED, "completed": COMPLETED}
 REQUIRED = ("process_group", "profiling_name", "collective_seq_id", "record_id", "state")
-DEFAULT_GROUP_NAMES = ("0",)
+NPU_DEFAULT_GROUP = "group_name_0"  # torch_npu names groups `group_name_<torch group name>`, with an empty desc
+DEFAULT_GROUP_NAMES = ("0", NPU_DEFAULT_GROUP)
+# backends fr_trace accepts as a `profiling_name` prefix; torchcomms uses the backend as the group desc
+BACKEND_NAMES = frozenset({"nccl", "ncclx", "xccl", "gloo", "rccl", "rcclx", "mccl", "hccl"})
+VERSION = re.compile(r"^[12]\.\d+$")
+PY_TRACEBACK_SUFFIX = "_py_traceback"
+THREAD_LINE = re.compile(r"^thread (.+):\s*$")
+THREAD_NAME = re.compile(r"^<(\w+)\(([^,()]+)")
+FRAME_LINE = re.compile(r'^\s*File "([^"]*)", line (\d+), in (.+?)\s*$')
+TORCHCOMMS, TORCH_NPU, PYTORCH = "torchcomms", "torch_npu", "pytorch"
 
 NOTE_GLOO = (
     "PyTorch's gloo recorder records no timestamps, no send/recv and an empty pg_config, and marks ops "
     "`retired` even when they timed out: completion is taken from `retired` and pg_status, and a "
     "rank's last op is treated as still waiting when a member never entered it"
 )
+NOTE_NO_EVENTS = (
+    "this recorder observed no device events (every entry `scheduled`): completion is taken from `retired` and "
+    "pg_status, which cannot tell a finished op from one that failed or timed out, and a rank's last op is "
+    "treated as still waiting when a member never entered it"
+)
 NOTE_NO_FRAMES = "PyTorch's JSON dump carries no Python frames: call sites and stacks are unknown"
+NOTE_NPU_NAMES = (
+    "torch_npu records no op names (`profiling_name` is empty): ops show as 'unknown', are matched by group and "
+    "sequence, and their sizes are not compared (what a size should be depends on the op)"
+)
+NOTE_TORCHCOMMS_SEQ = (
+    "torchcomms numbers ops with one counter for all its communicators and the ring wrapped: sequence numbers "
+    "of groups other than the busiest may not line up across ranks"
+)
+NOTE_TORCHCOMMS_P2P = "torchcomms records send/recv without their peer: point-to-point ops are not matched"
 NOTE_NO_STACKS = "PyTorch's recorder dumps no thread stacks: a stalled rank's current stack is unknown"
 NOTE_P2P_WRAPPED = (
     "the PyTorch ring wrapped: per-pair p2p sequence numbers are counted from the oldest entry kept and "
@@ -40,8 +69,11 @@ NOTE_P2P_WRAPPED = (
 
 
 def is_torch_fr(obj: Any) -> bool:
-    """True for a decoded PyTorch flight-recorder dump (pickle or `_dump_fr_trace_json`)."""
-    return isinstance(obj, dict) and "entries" in obj and "version" in obj and ("pg_config" in obj or "pg_status" in obj)
+    """True for a decoded PyTorch-schema flight-recorder dump (pickle or JSON). `entries` may be absent:
+    PyTorch's and torchcomms' JSON dumps of an empty ring leave the key out."""
+    return isinstance(obj, dict) and "version" in obj and ("pg_config" in obj or "pg_status" in obj) and (
+        "entries" in obj or "comm_lib_version" in obj or "nccl_comm_state" in obj
+    )
 
 
 def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDump:
@@ -49,30 +81,36 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
     if rank is None:
         raise DumpError("PyTorch flight-recorder dump whose file name ends in no rank number")
     version = str(obj.get("version"))
-    if not version.startswith("2."):
-        raise DumpError(f"unsupported PyTorch flight-recorder version {version!r} (2.x expected)")
-    raw = obj.get("entries")
+    if not VERSION.match(version):
+        raise DumpError(f"unsupported PyTorch flight-recorder version {version!r} (1.x or 2.x expected)")
+    raw = obj.get("entries", [])
     if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
         raise DumpError("`entries` is not a list of records")
-    groups = _pg_config_groups(obj.get("pg_config"))
+    df = pd.DataFrame.from_records(raw) if raw else pd.DataFrame()
+    recorder = _recorder(obj, df)
+    groups = _pg_config_groups(obj.get("pg_config"), rank if recorder == TORCHCOMMS else None)
     pg_status = parse_pg_status(obj.get("pg_status"))
     notes: list[str] = []
-    meta: dict[str, Any] = {"version": f"torch-fr {version}", "comm_lib_version": obj.get("comm_lib_version")}
+    meta: dict[str, Any] = {
+        "version": f"torch-fr {version}", "comm_lib_version": obj.get("comm_lib_version"), "recorder": recorder
+    }
+    _default_group(groups, meta)
     if not raw:
         return RankDump(rank, file, fmt, finish_columns({}, rank), groups, [], meta, pg_status, True, [NOTE_NO_STACKS])
-    df = pd.DataFrame.from_records(raw)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise DumpError(f"entries lack field(s) {', '.join(missing)}")
-    df = df.sort_values("record_id", kind="stable").reset_index(drop=True)
     try:
-        cols, backend, gloo = _columns(df, groups, pg_status, notes)
+        df["record_id"] = pd.to_numeric(df["record_id"], errors="raise").astype(np.int64)
+        df = df.sort_values("record_id", kind="stable").reset_index(drop=True)
+        cols, backend, no_events = _columns(df, groups, pg_status, notes, recorder)
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise DumpError(f"bad entries: {exc}") from None
     known = {g.name for g in groups}
     for name, desc in _entry_groups(df).items():
         if name not in known:
             groups.append(GroupInfo(name=name, desc=desc, backend=backend))
+            _default_group(groups[-1:], meta)
         else:
             for g in groups:
                 if g.name == name:
@@ -84,8 +122,8 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
     notes.append(NOTE_NO_STACKS)
     if "frames" not in df.columns:
         notes.append(NOTE_NO_FRAMES)
-    if gloo:
-        notes.append(NOTE_GLOO)
+    if no_events:
+        notes.append(NOTE_GLOO if backend == "gloo" and recorder == PYTORCH else NOTE_NO_EVENTS)
     return RankDump(
         rank=rank,
         file=file,
@@ -95,48 +133,63 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
         threads=[],
         meta=meta,
         pg_status=pg_status,
-        completion_reliable=not gloo,
+        completion_reliable=not no_events,
         notes=notes,
     )
 
 
 def _columns(
-    df: pd.DataFrame, groups: list[GroupInfo], pg_status: dict[str, dict[str, int]] | None, notes: list[str]
+    df: pd.DataFrame, groups: list[GroupInfo], pg_status: dict[str, dict[str, int]] | None, notes: list[str],
+    recorder: str,
 ) -> tuple[dict[str, Any], str, bool]:
+    """flightrec's columns from the entries; also the backend and whether completion rests on `retired` alone."""
     group = df["process_group"].str[0].astype(str)
-    parsed = df["profiling_name"].astype(str).str.extract(PROFILING_NAME)
+    parsed = df["profiling_name"].fillna("").astype(str).str.extract(PROFILING_NAME)
     backends = parsed["backend"].dropna().unique()
-    backend = str(backends[0]) if len(backends) else ""
+    backend = str(backends[0]) if len(backends) else ("hccl" if recorder == TORCH_NPU else "")
     op = parsed["op"].fillna("unknown")
-    is_p2p = df["is_p2p"].fillna(False).astype(bool) if "is_p2p" in df.columns else op.isin(("send", "recv"))
-    is_p2p = is_p2p | parsed["arrow"].notna()
-    record_id = df["record_id"].astype(np.int64)
-    op_id = df["op_id"].fillna(-1).astype(np.int64) if "op_id" in df.columns else pd.Series(-1, index=df.index)
+    flagged = _flags(df["is_p2p"]) if "is_p2p" in df.columns else pd.Series(False, index=df.index)
+    is_p2p = flagged | op.isin(("send", "recv")) | parsed["arrow"].notna()  # torchcomms: is_p2p always false
+    record_id = df["record_id"]
+    op_id = _ints(df["op_id"]) if "op_id" in df.columns else pd.Series(-1, index=df.index, dtype=np.int64)
+    coll_raw = _ints(df["collective_seq_id"])  # PyTorch's own tests write seq ids as strings
 
     peer = _global_peers(group, pd.to_numeric(parsed["b"], errors="coerce"), is_p2p, groups)
-    seq = df["collective_seq_id"].fillna(-1).astype(np.int64).where(~is_p2p, -1)
+    seq = _group_seq(coll_raw, group, is_p2p, recorder, int(record_id.iloc[0]) > 0, notes)
     if is_p2p.any():
         p2p = pd.DataFrame({"group": group, "op": op, "peer": peer})[is_p2p & (peer >= 0)]
         seq.loc[p2p.index] = p2p.groupby(["group", "op", "peer"], sort=False).cumcount().to_numpy() + 1
         if int(record_id.iloc[0]) > 0:
             notes.append(NOTE_P2P_WRAPPED)
+        if recorder == TORCHCOMMS:
+            notes.append(NOTE_TORCHCOMMS_P2P)
 
-    raw_seq = df["p2p_seq_id"].fillna(-1).astype(np.int64).where(is_p2p, df["collective_seq_id"]) if (
-        "p2p_seq_id" in df.columns
-    ) else df["collective_seq_id"]
+    raw_seq = _ints(df["p2p_seq_id"]).where(is_p2p, coll_raw) if "p2p_seq_id" in df.columns else coll_raw
     unit_key = pd.DataFrame({"g": group, "p": is_p2p, "s": raw_seq})
-    dup = unit_key.duplicated(keep=False)
+    dup = unit_key.duplicated(keep=False) & (recorder != TORCHCOMMS)  # torchcomms: one op per seq id, no coalescing
     unit = pd.Series(-1, index=df.index, dtype=np.int64)
     if dup.any():
         unit[dup] = record_id[dup].groupby([unit_key["g"][dup], unit_key["p"][dup], unit_key["s"][dup]]).transform("min")
 
-    gloo = backend == "gloo"
-    state = df["state"].astype(str).map(STATE_MAP).fillna("unknown")
-    if gloo:
-        state = _gloo_state(df, group, op_id, pg_status)
+    states = df["state"].astype(str)
+    no_events = _no_events(df, states)
+    state = states.map(STATE_MAP).fillna("unknown")
+    if no_events:
+        state = _retired_state(df, group, op_id, pg_status)
+    if recorder == TORCH_NPU and bool((parsed["op"].isna()).any()):
+        notes.append(NOTE_NPU_NAMES)
 
     frames = df["frames"] if "frames" in df.columns else pd.Series([None] * len(df))
     site, stack = _sites(frames)
+    in_shapes = text_column(df.get("input_sizes", pd.Series([None] * len(df))))
+    out_shapes = text_column(df.get("output_sizes", pd.Series([None] * len(df))))
+    in_dtypes = text_column(df.get("input_dtypes", pd.Series([None] * len(df))), _torch_dtypes)
+    out_dtypes = text_column(df.get("output_dtypes", pd.Series([None] * len(df))), _torch_dtypes)
+    # a coalesced block's closing marker (`nccl:coalesced`, fr_trace's `ALLGATHER_coalesced` with `[[]]` sizes)
+    # carries no tensors of its own: its empty sizes are not a payload to compare
+    marker = (op.str.endswith("coalesced") & _blank(in_shapes) & _blank(out_shapes)).to_numpy()
+    if marker.any():
+        in_shapes, out_shapes, in_dtypes, out_dtypes = (_drop(c, marker) for c in (in_shapes, out_shapes, in_dtypes, out_dtypes))
     cols: dict[str, Any] = {
         "id": record_id.to_numpy(),
         "group": group.to_numpy(dtype=object),
@@ -146,10 +199,10 @@ def _columns(
         "op": op.to_numpy(dtype=object),
         "api": np.full(len(df), "torch_fr", dtype=object),
         "peer": peer.to_numpy(),
-        "in_shapes": text_column(df.get("input_sizes", pd.Series([None] * len(df)))),
-        "out_shapes": text_column(df.get("output_sizes", pd.Series([None] * len(df)))),
-        "in_dtypes": text_column(df.get("input_dtypes", pd.Series([None] * len(df))), _torch_dtypes),
-        "out_dtypes": text_column(df.get("output_dtypes", pd.Series([None] * len(df))), _torch_dtypes),
+        "in_shapes": in_shapes,
+        "out_shapes": out_shapes,
+        "in_dtypes": in_dtypes,
+        "out_dtypes": out_dtypes,
         "is_async": np.zeros(len(df), dtype=bool),
         "unit": unit.to_numpy(),
         "state": state.to_numpy(dtype=object),
@@ -161,20 +214,104 @@ def _columns(
         "stack": stack,
         "source": np.full(len(df), "torch_fr", dtype=object),
     }
-    return cols, backend, gloo
+    return cols, backend, no_events
 
 
-def _gloo_state(
+def _ints(values: pd.Series) -> pd.Series:
+    """An id column as int64 (-1 where missing); JSON dumps and PyTorch's tests may give numbers as strings."""
+    return pd.to_numeric(values, errors="coerce").fillna(-1).astype(np.int64)
+
+
+def _flags(values: pd.Series) -> pd.Series:
+    """A boolean field as bools (missing = False); hand-built JSON may spell them "true"/"1"."""
+    if values.dtype == bool:
+        return values
+    text = values.astype(str).str.lower()
+    return text.isin(("true", "1", "1.0"))
+
+
+def _group_seq(
+    raw: pd.Series, group: pd.Series, is_p2p: pd.Series, recorder: str, wrapped: bool, notes: list[str]
+) -> pd.Series:
+    """Per-group collective sequence numbers, from 1 (flightrec's 0 means "no sequence").
+
+    PyTorch's NCCL/gloo and torch_npu count each group's collectives from 1. torchcomms counts every op of
+    every communicator with one counter from 0, and PyTorch's own analyzer tests put ops at "0": those are
+    renumbered so that a group's k-th collective is k on every rank (from the ids' order within the group,
+    which holds while the ring has not wrapped; after a wrap the raw counter + 1 is the best left).
+    """
+    coll = ~is_p2p & (raw >= 0)
+    seq = raw.where(coll, -1)
+    if recorder != TORCHCOMMS and not bool(((raw == 0) & coll).any()):
+        return seq
+    if recorder == TORCHCOMMS and group[coll].nunique() > 1:
+        if not wrapped:
+            dense = raw[coll].groupby(group[coll]).rank(method="dense").astype(np.int64)
+            seq.loc[dense.index] = dense
+            return seq
+        notes.append(NOTE_TORCHCOMMS_SEQ)
+    return seq.where(~coll, raw + 1)
+
+
+def _no_events(df: pd.DataFrame, states: pd.Series) -> bool:
+    """True when the recorder saw no device event at all (gloo, torchcomms on CPU): every entry is
+    `scheduled` and no discovery time was set, so only `retired` and pg_status say what finished."""
+    if "retired" not in df.columns or bool(states.isin(("started", "completed")).any()):
+        return False
+    for col in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+        if col in df.columns and bool((pd.to_numeric(df[col], errors="coerce").fillna(0) > 0).any()):
+            return False
+    return True
+
+
+def _blank(coded: Any) -> pd.Series:
+    """Rows whose size list is empty (`[]`, `[[]]`) or absent."""
+    empty = np.asarray([c.replace(" ", "") in ("[]", "[[]]", "") for c in coded.cats] + [True], dtype=bool)
+    return pd.Series(empty[np.where(coded.codes >= 0, coded.codes, len(coded.cats))])
+
+
+def _drop(coded: Any, rows: np.ndarray) -> Any:
+    """`coded` with the given rows set to missing."""
+    return type(coded)(np.where(rows, -1, coded.codes).astype(coded.codes.dtype), coded.cats)
+
+
+def _retired_state(
     df: pd.DataFrame, group: pd.Series, op_id: pd.Series, pg_status: dict[str, dict[str, int]] | None
 ) -> pd.Series:
-    """gloo: an op is pending when not `retired`, or when pg_status has not seen it complete."""
-    retired = df["retired"].fillna(True).astype(bool) if "retired" in df.columns else pd.Series(True, index=df.index)
+    """Without device events: an op is pending when not `retired`, or when pg_status has not seen it complete."""
+    retired = _flags(df["retired"]) if "retired" in df.columns else pd.Series(True, index=df.index)
     pending = ~retired
     if pg_status:  # keyed by the backend's pg uid (`pg_id`), which need not equal the group name
         uid = df["pg_id"].astype(str) if "pg_id" in df.columns else group
         last = uid.map({k: v.get("last_completed_collective", -1) for k, v in pg_status.items()})
         pending |= last.notna() & (op_id > last.fillna(np.iinfo(np.int64).max))
     return pd.Series(np.where(pending, STARTED, COMPLETED), index=df.index)
+
+
+def _recorder(obj: dict[str, Any], df: pd.DataFrame) -> str:
+    """Which recorder wrote the dump: they share PyTorch's schema but differ in what their fields mean."""
+    cfg = obj.get("pg_config") if isinstance(obj.get("pg_config"), dict) else {}
+    names = [str(k) for k in cfg]
+    descs: list[str] = []
+    if "process_group" in df.columns:
+        pairs = df["process_group"].drop_duplicates()
+        names += [str(p[0]) for p in pairs if isinstance(p, (list, tuple)) and p]
+        descs = [str(p[1]) for p in pairs if isinstance(p, (list, tuple)) and len(p) > 1]
+    if "hccl_comm_state" in obj or any(n.startswith("group_name_") for n in names):
+        return TORCH_NPU
+    bare = [v.get("ranks") for v in cfg.values() if isinstance(v, dict) and isinstance(v.get("ranks"), str)]
+    if any(r and not r.lstrip().startswith("[") for r in bare) or (descs and all(d in BACKEND_NAMES for d in descs)):
+        return TORCHCOMMS  # comma-separated ranks, and the backend as every group's desc
+    return PYTORCH
+
+
+def _default_group(groups: list[GroupInfo], meta: dict[str, Any]) -> None:
+    """torch_npu's default group `group_name_0` has an empty desc: name it, and take the world size from it."""
+    for g in groups:
+        if g.name == NPU_DEFAULT_GROUP:
+            g.desc = g.desc or "default_pg"
+            if g.ranks:
+                meta["world_size"] = len(g.ranks)
 
 
 def _global_peers(group: pd.Series, local: pd.Series, is_p2p: pd.Series, groups: list[GroupInfo]) -> pd.Series:
@@ -231,7 +368,9 @@ def _entry_groups(df: pd.DataFrame) -> dict[str, str]:
     return {str(p[0]): str(p[1]) if len(p) > 1 else "" for p in pairs}
 
 
-def _pg_config_groups(cfg: Any) -> list[GroupInfo]:
+def _pg_config_groups(cfg: Any, own_rank: int | None = None) -> list[GroupInfo]:
+    """Groups from `pg_config`. `own_rank` (torchcomms): early torchcomms listed comm-local ranks 0..n-1,
+    later ones global ranks; a list without the dump's own rank cannot be global and is dropped."""
     out: list[GroupInfo] = []
     if not isinstance(cfg, dict):
         return out
@@ -239,19 +378,50 @@ def _pg_config_groups(cfg: Any) -> list[GroupInfo]:
         if not name or not isinstance(info, dict):
             continue
         ranks = _parse_ranks(info.get("ranks"))
+        if ranks is not None and own_rank is not None and own_rank not in ranks:
+            ranks = None
         out.append(GroupInfo(name=str(name), desc=str(info.get("desc") or ""), ranks=ranks))
     return out
 
 
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:
+    """`"[0, 1]"` (PyTorch, torch_npu), `"0,1"` (torchcomms) or a list; None when absent or odd."""
     if isinstance(value, str):
+        text = value.strip()
         try:
-            value = json.loads(value)
+            value = json.loads(text if text.startswith("[") else f"[{text}]")
         except ValueError:
             return None
     if isinstance(value, list) and value and all(isinstance(r, int) and 0 <= r < MAX_RANKS for r in value):
         return tuple(value)
     return None
+
+
+def parse_py_traceback(text: str) -> list[dict[str, Any]]:
+    """torch_npu's `<prefix><rank>_py_traceback` side file as flightrec thread records.
+
+    Written by ProcessGroupHCCL::dumpPythonTraceback: `pid: N`, then per thread `thread <repr or id>:`
+    followed by `traceback.format_list` lines (`  File "f", line N, in fn` and the source line),
+    outermost frame first, which is the order flightrec's own `stack` uses.
+    """
+    threads: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        head = THREAD_LINE.match(line)
+        if head:
+            label = head.group(1)
+            named = THREAD_NAME.search(label)
+            name = named.group(2) if named else f"thread-{label}"
+            threads.append({
+                "name": name,
+                "ident": int(label) if label.isdigit() else None,
+                "is_main": bool(named and (named.group(1) == "_MainThread" or name == "MainThread")),
+                "stack": [],
+            })
+            continue
+        frame = FRAME_LINE.match(line)
+        if frame and threads:
+            threads[-1]["stack"].append(f"{frame.group(1)}:{frame.group(2)} in {frame.group(3)}")
+    return threads
 
 
 def parse_pg_status(status: Any) -> dict[str, dict[str, int]] | None:

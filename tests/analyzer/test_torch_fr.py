@@ -104,18 +104,24 @@ def test_nccl_states_and_size_mismatch(tmp_path):
 
 
 def test_hccl_json(tmp_path):
-    world = ("0", "default_pg")
+    """torch_npu writes no op names (`profiling_name` is ""; this test used to assume `hccl:` names) and calls
+    its default group `group_name_0` with an empty desc."""
+    cfg = {"group_name_0": {"name": "group_name_0", "desc": "", "ranks": "[0, 1]"}}
     for r in (0, 1):
-        entries = [fr_entry(0, world, "hccl:all_reduce", 1)]
+        entries = [fr_entry(0, ("0", ""), "", 1)]
         if r == 0:
-            entries.append(fr_entry(1, world, "hccl:broadcast", 2, state="started"))
+            entries.append(fr_entry(1, ("0", ""), "", 2, state="started"))
         for e in entries:
             e.pop("frames")
+            e["process_group"] = ["group_name_0", ""]
             e["time_discovered_completed_ns"] = 0
-        (tmp_path / f"hccl_trace_rank_{r}.json").write_text(json.dumps(fr_dump(entries, {"": {"name": "", "desc": "", "ranks": "[]"}})))
+        (tmp_path / f"hccl_trace_rank_{r}.json").write_text(json.dumps(fr_dump(entries, cfg)))
     report = analyzers.load(tmp_path).report()
-    assert [(c["rank"], c["kind"], c["op"]) for c in report["root_causes"]] == [(1, "not_entered", "broadcast")]
+    assert [(c["rank"], c["kind"], c["op"], c["group_desc"]) for c in report["root_causes"]] == [
+        (1, "not_entered", "unknown", "default_pg")
+    ]
     assert any("no Python frames" in g for g in report["gaps"])
+    assert not any("world size not recorded" in g for g in report["gaps"])
 
 
 def test_unsupported_torch_version(tmp_path):
