@@ -184,6 +184,17 @@ def _encode_unhashable(arr: np.ndarray) -> Coded:
     return _dedupe(remap[codes], cats)
 
 
+def serialised_keys(values: np.ndarray) -> np.ndarray:
+    """One hashable key per row of unhashable values (lists, dicts), made at C speed where orjson is
+    installed; equal values get equal keys."""
+    if _orjson is not None:
+        try:
+            return np.fromiter(map(_orjson.dumps, values), dtype=object, count=len(values))
+        except TypeError:
+            pass
+    return np.fromiter(map(repr, values), dtype=object, count=len(values))
+
+
 def text_column(values: Any, rewrite: Callable[[str], str] | None = None) -> Coded:
     """Lists (shapes, dtypes) as text; `rewrite` reformats each *distinct* text once."""
     coded = encode(values)

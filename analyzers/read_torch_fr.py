@@ -15,13 +15,14 @@ instead of being guessed.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .columns import dtype_text, finish_columns, text_column
+from .columns import dtype_text, finish_columns, serialised_keys, text_column
 from .constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 
@@ -30,6 +31,7 @@ PROFILING_NAME = (
 )
 STATE_MAP = {"scheduled": ENQUEUED, "started": STARTED, "completed": COMPLETED}
 REQUIRED = ("process_group", "profiling_name", "collective_seq_id", "record_id", "state")
+PAIR_ANCHOR = 1 << 20  # a pair's last completed transfer: see _pair_seq (rings hold far fewer entries)
 NPU_DEFAULT_GROUP = "group_name_0"  # torch_npu names groups `group_name_<torch group name>`, with an empty desc
 DEFAULT_GROUP_NAMES = ("0", NPU_DEFAULT_GROUP)
 # backends fr_trace accepts as a `profiling_name` prefix; torchcomms uses the backend as the group desc
@@ -84,9 +86,9 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
     if not VERSION.match(version):
         raise DumpError(f"unsupported PyTorch flight-recorder version {version!r} (1.x or 2.x expected)")
     raw = obj.get("entries", [])
-    if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
+    if not isinstance(raw, list):
         raise DumpError("`entries` is not a list of records")
-    df = pd.DataFrame.from_records(raw) if raw else pd.DataFrame()
+    df = _frame(raw)
     recorder = _recorder(obj, df)
     groups = _pg_config_groups(obj.get("pg_config"), rank if recorder == TORCHCOMMS else None)
     pg_status = parse_pg_status(obj.get("pg_status"))
@@ -143,8 +145,8 @@ def _columns(
     recorder: str,
 ) -> tuple[dict[str, Any], str, bool]:
     """flightrec's columns from the entries; also the backend and whether completion rests on `retired` alone."""
-    group = df["process_group"].str[0].astype(str)
-    parsed = df["profiling_name"].fillna("").astype(str).str.extract(PROFILING_NAME)
+    group = _group_names(df["process_group"])
+    parsed = _parse_names(df["profiling_name"])
     backends = parsed["backend"].dropna().unique()
     backend = str(backends[0]) if len(backends) else ("hccl" if recorder == TORCH_NPU else "")
     op = parsed["op"].fillna("unknown")
@@ -156,10 +158,14 @@ def _columns(
 
     peer = _global_peers(group, pd.to_numeric(parsed["b"], errors="coerce"), is_p2p, groups)
     seq = _group_seq(coll_raw, group, is_p2p, recorder, int(record_id.iloc[0]) > 0, notes)
+    states = df["state"].astype(str)
+    no_events = _no_events(df, states)
     if is_p2p.any():
         p2p = pd.DataFrame({"group": group, "op": op, "peer": peer})[is_p2p & (peer >= 0)]
-        seq.loc[p2p.index] = p2p.groupby(["group", "op", "peer"], sort=False).cumcount().to_numpy() + 1
-        if int(record_id.iloc[0]) > 0:
+        done = states.loc[p2p.index].to_numpy() == "completed"
+        numbered, anchored = _pair_seq(p2p, done if not no_events else np.zeros(len(p2p), dtype=bool))
+        seq.loc[p2p.index] = numbered
+        if int(record_id.iloc[0]) > 0 and not anchored.all():
             notes.append(NOTE_P2P_WRAPPED)
         if recorder == TORCHCOMMS:
             notes.append(NOTE_TORCHCOMMS_P2P)
@@ -171,8 +177,6 @@ def _columns(
     if dup.any():
         unit[dup] = record_id[dup].groupby([unit_key["g"][dup], unit_key["p"][dup], unit_key["s"][dup]]).transform("min")
 
-    states = df["state"].astype(str)
-    no_events = _no_events(df, states)
     state = states.map(STATE_MAP).fillna("unknown")
     if no_events:
         state = _retired_state(df, group, op_id, pg_status)
@@ -215,6 +219,47 @@ def _columns(
         "source": np.full(len(df), "torch_fr", dtype=object),
     }
     return cols, backend, no_events
+
+
+def _frame(raw: list[Any]) -> pd.DataFrame:
+    """The entries as a table of object columns. Fast path: every record has the first one's fields
+    (what a recorder writes), taken out with one C-level itemgetter pass, not a per-record dict walk."""
+    if not raw:
+        return pd.DataFrame()
+    if set(map(type, raw)) != {dict}:
+        if not all(isinstance(e, dict) for e in raw):
+            raise DumpError("`entries` is not a list of records")
+    keys = list(raw[0])
+    try:
+        rows = list(map(operator.itemgetter(*keys), raw)) if len(keys) > 1 else None
+    except KeyError:
+        rows = None
+    if rows is None or sum(map(len, raw)) != len(keys) * len(raw):  # some record has other fields
+        return pd.DataFrame.from_records(raw)
+    columns = {}
+    for key, values in zip(keys, zip(*rows, strict=True), strict=True):
+        column = np.empty(len(values), dtype=object)
+        column[:] = values
+        columns[key] = column
+    return pd.DataFrame(columns, copy=False)
+
+
+def _pair_seq(p2p: pd.DataFrame, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pair sequence numbers of send/recv rows (k-th send a->b pairs with the k-th recv b<-a), and
+    which rows were anchored.
+
+    Counting from the oldest entry kept breaks once the ring wrapped: the two sides dropped different
+    numbers of older ops. A completed transfer completed on both sides, so each side's last completed
+    op of a pair is the same transfer: numbering every op of the pair from it (at PAIR_ANCHOR) lines the
+    two sides up whatever each ring dropped. A pair with nothing completed on record (or a recorder
+    that cannot see completion) is counted from its oldest entry kept.
+    """
+    keys = [p2p["group"], p2p["op"], p2p["peer"]]
+    position = p2p.groupby(keys, sort=False).cumcount().to_numpy() + 1
+    last_done = pd.Series(np.where(done, position, 0), index=p2p.index).groupby(keys, sort=False).transform("max")
+    anchor = last_done.to_numpy()
+    anchored = anchor > 0
+    return np.where(anchored, PAIR_ANCHOR + position - anchor, position), anchored
 
 
 def _ints(values: pd.Series) -> pd.Series:
@@ -331,23 +376,53 @@ def _global_peers(group: pd.Series, local: pd.Series, is_p2p: pd.Series, groups:
     return peer
 
 
-def _sites(frames: pd.Series) -> tuple[list[str | None], list[list[str] | None]]:
+def _group_names(pairs: pd.Series) -> pd.Series:
+    """The group name of each entry's `process_group` ([name, desc]), each distinct pair read once."""
+    values = pairs.to_numpy(dtype=object)
+    try:
+        codes, uniques = pd.factorize(values)  # pickles: tuples
+    except TypeError:  # JSON: lists
+        codes, uniques = pd.factorize(serialised_keys(values))
+        uniques = [values[i] for i in _first_rows(codes, len(uniques))]
+    names = np.array([str(p[0]) if isinstance(p, (list, tuple)) and p else "nan" for p in uniques] + ["nan"],
+                     dtype=object)
+    return pd.Series(names[np.where(codes >= 0, codes, len(uniques))], index=pairs.index, dtype=object)
+
+
+def _first_rows(codes: np.ndarray, n: int) -> list[int]:
+    """The first row of each of `n` codes."""
+    first = np.zeros(n, dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes))[::-1]
+    return first.tolist()
+
+
+def _parse_names(names: pd.Series) -> pd.DataFrame:
+    """`profiling_name` split into backend, op and p2p endpoints: each distinct name parsed once (a ring
+    repeats a few dozen names), the rows taken by code."""
+    codes, uniques = pd.factorize(names.fillna("").astype(str).to_numpy(dtype=object))
+    parsed = pd.Series(uniques, dtype=object).str.extract(PROFILING_NAME)
+    return parsed.iloc[np.where(codes >= 0, codes, 0)].reset_index(drop=True)
+
+
+def _sites(frames: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """Call site (innermost frame outside torch) and stack (outermost first) per entry.
 
-    PyTorch keeps a bounded ring (2,000 entries by default), so this per-entry pass is bounded too.
+    Each distinct list of frames is formatted once: rows are grouped by their frames' serialised bytes
+    (C speed), so a 2,000-entry ring of a few dozen call sites costs a few dozen formattings.
     """
-    site: list[str | None] = []
-    stack: list[list[str] | None] = []
-    for fr in frames:
+    values = frames.to_numpy(dtype=object)
+    codes, uniques = pd.factorize(serialised_keys(values))
+    site = np.empty(len(uniques), dtype=object)
+    stack = np.empty(len(uniques), dtype=object)
+    for i, row in enumerate(_first_rows(codes, len(uniques))):
+        fr = values[row]
         if not isinstance(fr, list) or not fr:
-            site.append(None)
-            stack.append(None)
             continue
         lines = [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}" for f in fr if isinstance(f, dict)]
-        user = next((ln for ln in lines if "/torch/" not in ln and "typing_extensions" not in ln), lines[0] if lines else None)
-        site.append(user)
-        stack.append(lines[::-1])
-    return site, stack
+        site[i] = next((ln for ln in lines if "/torch/" not in ln and "typing_extensions" not in ln),
+                       lines[0] if lines else None)
+        stack[i] = lines[::-1]
+    return site[codes], stack[codes]
 
 
 def _ns(values: Any) -> Any:
