@@ -44,6 +44,11 @@ def rank_from_name(name: str) -> int | None:
     return rank if rank is not None and rank < MAX_RANKS else None  # a date or an id, not a rank
 
 
+# Test seam (set by tests/analyzer/conftest.py): an exception other than a DumpError propagates
+# instead of turning the file into "unreadable", so that a reader bug fails the test that hit it.
+STRICT_READERS = "FLIGHTREC_STRICT_READERS"
+
+
 def read_path(path: str, lazy: bool = False) -> RankDump | FileProblem | SideFile:
     """Read and normalise one local file; a problem (never an exception) when it cannot be used.
     `lazy`: a flightrec dump's entries may come back as `columns.Templated` (see read_flightrec.parse)."""
@@ -66,7 +71,9 @@ def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> Rank
     except MemoryError:
         return FileProblem(file=name, reason="file too large to load", rank=hint)
     except Exception as exc:  # noqa: BLE001 - a malformed dump must never stop the other ranks
-        return FileProblem(file=name, reason=f"unreadable ({type(exc).__name__}: {_short(exc)})", rank=hint)
+        if os.environ.get(STRICT_READERS) == "1":
+            raise  # the test suite: a reader's own bug must fail the test, not read as a bad file
+        return FileProblem(file=name, reason=f"unreadable (reader error {type(exc).__name__}: {_short(exc)})", rank=hint)
     finally:
         if paused:
             gc.enable()
