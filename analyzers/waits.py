@@ -30,6 +30,7 @@ R_UNREADABLE = "unreadable"
 R_STALE = "stale"  # its dump is much older than its peers' (analyzers/jobs.py): no current state
 R_MISMATCH = "mismatch"
 R_BLOCKED = "blocked_elsewhere"
+R_EXITED = "exited"  # it entered the position (an async op) and then left the job cleanly
 
 HOW_PENDING = "pending"
 HOW_FAILED = "failed"
@@ -96,6 +97,8 @@ class _Ctx:
     notes: list[str]
     known: set[str]
     progress: dict[tuple[int, str], tuple[int, int]]  # (rank, group) -> (entered, completed), ring-independent
+    p2p_progress: dict[tuple[int, str, str, int], tuple[int, int]]  # (rank, group, op, peer) -> same
+    finished: set[int]  # ranks that exited cleanly
 
 
 def find_waits(
@@ -117,8 +120,9 @@ def find_waits(
     wrapped = {r for r, d in dumps.items() if d.dropped > 0 or (d.meta.get("first_id") or 0) > 0}
     culprit_set = {(str(g), int(s), int(r)) for g, s, r in culprits[["group", "seq", "rank"]].itertuples(index=False)}
     known = set(members) if known_groups is None else known_groups
-    ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known, _progress(dumps))
-    waits = {r: w for r, w in _blocking(ctx).items() if r not in (finished or set())}  # exited: waits for nobody
+    ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known, *_progress(dumps),
+               finished or set())
+    waits = {r: w for r, w in _blocking(ctx).items() if r not in ctx.finished}  # exited: waits for nobody
     _coll_targets(ctx, waits)
     _p2p_targets(ctx, waits)
     for rank in [r for r, w in waits.items() if w.how == HOW_INFERRED and R_NOT_ENTERED not in w.targets.values()]:
@@ -138,22 +142,29 @@ def find_waits(
     return WaitResult(waits=waits, notes=ctx.notes)
 
 
-def _progress(dumps: dict[int, RankDump]) -> dict[tuple[int, str], tuple[int, int]]:
-    """Each rank's collective counters per group: flightrec's `progress` rows, else PyTorch's
-    `pg_status` where it is keyed by a group name. They say how far a rank got even when its ring
-    holds no entry of that group any more."""
-    out: dict[tuple[int, str], tuple[int, int]] = {}
+def _progress(dumps: dict[int, RankDump]) -> tuple[dict[tuple[int, str], tuple[int, int]],
+                                                     dict[tuple[int, str, str, int], tuple[int, int]]]:
+    """Each rank's counters (entered, completed) per group, and per (group, op, peer) of its p2p ops:
+    flightrec's `progress` rows, else PyTorch's `pg_status` (collectives) where it is keyed by a group
+    name. They say how far a rank got even when its ring holds no entry of that group any more."""
+    colls: dict[tuple[int, str], tuple[int, int]] = {}
+    pairs: dict[tuple[int, str, str, int], tuple[int, int]] = {}
     for rank, d in dumps.items():
         rows = d.meta.get("progress")
         if isinstance(rows, list):
             for row in rows:
-                if isinstance(row, dict) and row.get("kind") == "coll" and isinstance(row.get("entered"), int):
-                    out[(rank, str(row.get("group")))] = (int(row["entered"]), int(row.get("completed", -1)))
+                if not isinstance(row, dict) or not isinstance(row.get("entered"), int):
+                    continue
+                counts = (int(row["entered"]), int(row.get("completed", -1)))
+                if row.get("kind") == "coll":
+                    colls[(rank, str(row.get("group")))] = counts
+                elif row.get("kind") == "p2p" and isinstance(row.get("peer"), int):
+                    pairs[(rank, str(row.get("group")), str(row.get("op")), int(row["peer"]))] = counts
             continue
         for pg, fields in (d.pg_status or {}).items():
             if "last_enqueued_collective" in fields:
-                out[(rank, pg)] = (fields["last_enqueued_collective"], fields.get("last_completed_collective", -1))
-    return out
+                colls[(rank, pg)] = (fields["last_enqueued_collective"], fields.get("last_completed_collective", -1))
+    return colls, pairs
 
 
 def _blocking(ctx: _Ctx) -> dict[int, Wait]:
@@ -285,6 +296,7 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
     state_at = _states_at(ctx.positions, set(at))
     absent = np.fromiter(ctx.absent, dtype=np.int64)
     wrapped = np.fromiter(ctx.wrapped, dtype=np.int64)
+    finished = np.fromiter(ctx.finished, dtype=np.int64)
     for (g, s), waiters in at.items():  # one iteration per distinct blocking position
         members = np.asarray(ctx.members.get(g, ()), dtype=np.int64)
         if s <= 0 or not len(members):
@@ -311,9 +323,11 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
                            count=int(entered.sum())) | finished_here[entered]
         candidates = members[entered][~done]
         elsewhere = candidates[np.isin(candidates, blocked_ranks) & ~np.isin(candidates, list(blocked_at[(g, s)]))]
+        left = candidates[np.isin(candidates, finished)]  # posted it (async), then exited without completing it
         reasons: dict[int, str] = {int(m): ctx.absent[int(m)] for m in members[is_absent]}
         reasons.update({int(m): R_NOT_ENTERED for m in members[not_entered]})
         reasons.update({int(m): R_BLOCKED for m in elsewhere})
+        reasons.update({int(m): R_EXITED for m in left})
         culprits = {int(m) for m in members[entered] if (g, s, int(m)) in ctx.culprits}
         lost = {int(m): f"rank {int(m)}'s ring wrapped and holds no op of group {g}" for m in members[unknown]}
         for r in waiters:
@@ -350,6 +364,11 @@ def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
             continue
         other = "recv" if op == "send" else "send"
         top = hi.get((peer, g, other, w.rank))
+        counted = ctx.p2p_progress.get((peer, g, other, w.rank))
+        if counted is not None:  # the peer's own counters: how many it posted and completed, wrapped or not
+            if counted[1] >= k:
+                continue
+            top = max(top or 0, counted[0])
         if top is None:
             if peer in ctx.wrapped:
                 w.unknown[peer] = f"rank {peer}'s ring wrapped and holds no {other} with rank {w.rank}"
