@@ -19,7 +19,19 @@ from . import groups as groups_mod
 from . import jobs as jobs_mod
 from .causes import CauseResult, build_graph, find_causes
 from .columns import Transfers, first_rows, ids_within_ranks, pair_transfers
-from .constants import CRASH, CRASHED, DEADLOCK, DESYNC, EXITED, HANG, HEALTHY, REPORT_SCHEMA, SLOW
+from .constants import (
+    CRASH,
+    CRASHED,
+    DEADLOCK,
+    DESYNC,
+    EXITED,
+    HANG,
+    HEALTHY,
+    INCONCLUSIVE,
+    MISMATCH,
+    REPORT_SCHEMA,
+    SLOW,
+)
 from .failures import Failure, exited_ranks, find_failures
 from .loader import Dataset, Progress, load_folder
 from .matching import MatchResult, match
@@ -149,7 +161,7 @@ class Analysis:
 
     @property
     def verdict(self) -> str:
-        """healthy, slow, hang, desync or deadlock (see docs/report-format.md)."""
+        """desync, deadlock, crash, hang, slow, inconclusive or healthy (see docs/report-format.md)."""
         if self._matched.mismatches:
             return DESYNC
         if self._causes.cycles:
@@ -160,7 +172,20 @@ class Analysis:
             return HANG
         if self.slow.stragglers:
             return SLOW
+        if self._unknown_state:
+            return INCONCLUSIVE
         return HEALTHY
+
+    @property
+    def _unknown_state(self) -> dict[int, str]:
+        """Expected ranks without a current dump (none, unreadable, stale) -> why.
+
+        Why: nobody waiting on such a rank does not make it healthy: it may have died after its peers'
+        last op, or be frozen before its next one; "healthy" needs every expected rank's own evidence.
+        """
+        expected = set(range(self.world_size)) | {r for ranks in self.members.values() for r in ranks}
+        absent = (set(self.missing) | set(self.unreadable) | set(self.stale)) & expected  # not stray files' ranks
+        return {r: self._absent_text[r] for r in sorted(absent)}
 
     def gaps(self) -> list[str]:
         """Evidence gaps, each a plain sentence: what could not be read, inferred, or told."""
@@ -220,6 +245,13 @@ class Analysis:
                     + (f"; the whole {worst['scope']} is slow" if worst.get("scope", "rank") != "rank" else ""))
         if verdict == HEALTHY:
             return f"healthy: no rank is waiting ({plural(len(self.dumps), 'rank')} dumped)"
+        if verdict == INCONCLUSIVE:
+            unknown = self._unknown_state
+            why = "; ".join(f"rank {r}: {text}" for r, text in list(unknown.items())[:3])
+            why += f"; and {plural(len(unknown) - 3, 'more rank')}" if len(unknown) > 3 else ""
+            its = "its" if len(unknown) == 1 else "their"
+            return (f"inconclusive: no rank is waiting, but {plural(len(unknown), 'expected rank')} "
+                    f"({ranges(list(unknown))}) left no current dump, so {its} state is unknown ({why})")
         if verdict == DEADLOCK and not self._matched.mismatches:
             loops = "; ".join(ranges(c) for c in self._causes.cycles)
             return f"deadlock: wait cycle among ranks {loops}"
@@ -227,6 +259,11 @@ class Analysis:
             return f"{verdict}: {plural(len(self._waits.waits), 'rank')} waiting, root cause unknown (see gaps)"
         head = causes[0]
         first = f"rank {head.rank} {head.kind}" + (f" in {head.op} (group {head.group}, seq {head.seq})" if head.op else "")
+        if head.kind == MISMATCH and len(head.ranks) > 1:  # no majority, undecided (or a p2p pair): never one by number
+            first = (f"ranks {ranges(head.ranks)} disagree in {head.op} (group {head.group}, seq {head.seq}) "
+                     "and the evidence cannot tell which one diverged")
+            causes = [head] + [c for c in causes[1:] if (c.kind, c.ranks, c.group, c.seq) != (MISMATCH, head.ranks,
+                                                                                             head.group, head.seq)]
         if head.kind == EXITED:
             first = f"rank {head.rank} exited normally" + (f" before {head.op} (group {head.group}, seq {head.seq})" if head.op else "")
         if head.kind == CRASHED:

@@ -164,12 +164,16 @@ def find_causes(
         group_members = list(members.get(key[1], ())) if key[0] == "coll" else list(key[2])
         causes.append(_comm_stuck(stuck, group_members, desc))
 
-    covered = {(c.rank, c.group) for c in causes if c.kind == MISMATCH}
+    covered = {(c.rank, c.group, "coll") for c in causes if c.kind == MISMATCH}
     for m in matched.mismatches:  # desyncs that did not (yet) hang anything are root causes too
-        for r in m.ranks if m.kind == "coll" else m.ranks[:1]:
-            if (r, m.group) not in covered:
-                covered.add((r, m.group))
-                causes.append(_mismatch_at(r, m.group, m.seq, m.op, matched, desc))
+        for r in m.ranks:  # p2p: both sides; no majority and no alignment: every rank of the position
+            if (r, m.group, m.kind) not in covered:
+                covered.add((r, m.group, m.kind))
+                causes.append(_mismatch_at(r, m.group, m.seq, m.op, matched, desc, kind=m.kind))
+    for shift in matched.shifts:  # the others did not fail to enter: the shifted ranks wait past their last op
+        causes = [c for c in causes if not (c.kind == NOT_ENTERED and c.group == shift.group and c.rank in shift.others
+                                            and (c.seq or 0) > shift.last)]
+    _mismatch_sites(causes, entries)
 
     causes = _order_failures(causes, failures or [], dumps, absent, entries, desc)
     cause_ranks = {r for c in causes for r in (c.ranks or [c.rank])}
@@ -350,19 +354,61 @@ def _last_op(entries: pd.DataFrame, r: int) -> str | None:
     return f"{row['op']} (group {row['group']}, seq {row['seq']}, {row['state']}){site}"
 
 
-def _mismatch_at(r: int, g: str, s: int, op: str, matched: MatchResult, desc: dict[str, str]) -> Cause:
-    found = [m for m in matched.mismatches if m.group == g and r in m.ranks]
+def _mismatch_at(r: int, g: str, s: int, op: str, matched: MatchResult, desc: dict[str, str],
+                 kind: str = "coll") -> Cause:
+    """Rank `r`'s mismatch cause in group `g`, at seq `s` when it mismatches there (else its first).
+
+    With no majority the culprit comes from aligning the op streams (its detail says which op is
+    extra); when that cannot decide, the cause covers every rank of the position and says so, and a
+    p2p payload mismatch covers sender and receiver: a tie is never broken by rank number.
+    """
+    found = [m for m in matched.mismatches if m.group == g and m.kind == kind and r in m.ranks]
     here = [m for m in found if m.seq == s] or found[:1]
+    seq = here[0].seq if here else s
+    op_here = here[0].op if here else op
+    where = _label(g, seq, op_here, desc)
+    more = len({m.seq for m in found}) - 1
+    tail = f"; {plural(more, 'other mismatching position')} in this group" if more > 0 else ""
+    if here and kind == "p2p":
+        m = here[0]
+        src, dst = m.extra.get("src"), m.extra.get("dst")
+        sent = next((v for v in m.values if v.startswith("send ")), "send ?")[5:]
+        got = next((v for v in m.values if v.startswith("recv ")), "recv ?")[5:]
+        detail = (f"rank {src} sent {m.field} {sent!r} to rank {dst} (group {g}, p2p seq {seq}), and rank {dst} "
+                  f"posted a receive of {got!r}: sender and receiver disagree, and the dumps cannot tell which side "
+                  f"is wrong (both are named){tail}")
+        return Cause(rank=r, kind=MISMATCH, group=g, seq=seq, op=op_here, detail=detail, ranks=sorted(m.ranks),
+                     group_desc=desc.get(g, ""))
+    undecided = [m for m in here if m.undecided]
+    if undecided:
+        m = undecided[0]
+        held = "; ".join(f"{m.field} {v!r} on {ranges(rs)}" for v, rs in m.values.items())
+        detail = (f"ranks {ranges(m.ranks)} entered incompatible ops at {where} ({held}): no majority, and their op "
+                  f"streams do not tell which one diverged (no single extra or missing op explains them): cannot "
+                  f"decide, all are named{tail}")
+        return Cause(rank=r, kind=MISMATCH, group=g, seq=seq, op=op_here, detail=detail, ranks=list(m.ranks),
+                     group_desc=desc.get(g, ""))
     parts = []
     for m in here:
         mine = next((v for v, rs in m.values.items() if r in rs), "?")
-        parts.append(f"{m.field} {mine!r} where the others have {m.expected!r}" + (" (no majority)" if m.tie else ""))
-    more = len({m.seq for m in found}) - 1
-    tail = f"; {plural(more, 'other mismatching position')} in this group" if more > 0 else ""
-    seq = here[0].seq if here else s
-    op_here = here[0].op if here else op
-    detail = f"rank {r} entered an incompatible op at {_label(g, seq, op_here, desc)}: {'; '.join(parts) or 'see mismatches'}{tail}"
+        parts.append(f"{m.field} {mine!r} where the others have {m.expected!r}")
+    shift = next((m.shift for m in here if m.shift is not None), None)
+    why = f"{shift.text()}; " if shift is not None else ""
+    detail = f"rank {r} entered an incompatible op at {where}: {why}{'; '.join(parts) or 'see mismatches'}{tail}"
     return Cause(rank=r, kind=MISMATCH, group=g, seq=seq, op=op_here, detail=detail, group_desc=desc.get(g, ""))
+
+
+def _mismatch_sites(causes: list[Cause], entries: pd.DataFrame) -> None:
+    """Give each single-rank collective mismatch cause the call site of its op: the line that issued the
+    extra or wrong op is where to look (one lookup for all of them; there are few)."""
+    todo = [c for c in causes if c.kind == MISMATCH and c.site is None and len(c.ranks or [c.rank]) == 1]
+    if not todo or "site" not in entries.columns:
+        return
+    near = entries["rank"].isin({c.rank for c in todo}) & entries["seq"].isin({int(c.seq or 0) for c in todo})
+    rows = entries.loc[near & (entries["kind"] == "coll"), ["rank", "group", "seq", "site"]]  # a few rows per cause
+    sites = {(int(r), str(g), int(q)): st for r, g, q, st in rows.itertuples(index=False) if isinstance(st, str) and st}
+    for c in todo:
+        c.site = sites.get((c.rank, str(c.group), int(c.seq or 0)))
 
 
 def _comm_stuck(stuck: list[Wait], group_members: list[int], desc: dict[str, str]) -> Cause:

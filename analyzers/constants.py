@@ -15,7 +15,8 @@ HANG = "hang"
 DESYNC = "desync"
 DEADLOCK = "deadlock"
 CRASH = "crash"  # a rank died (or raised) and took the job down
-VERDICTS = (DESYNC, DEADLOCK, CRASH, HANG, SLOW, HEALTHY)
+INCONCLUSIVE = "inconclusive"  # nothing hangs, but a rank's current state is unknown: `healthy` cannot be claimed
+VERDICTS = (DESYNC, DEADLOCK, CRASH, HANG, SLOW, INCONCLUSIVE, HEALTHY)
 
 # Root-cause kinds.
 NOT_ENTERED = "not_entered"

@@ -5,7 +5,13 @@ signatures (op, shapes under the all_gather / reduce_scatter size rules, dtypes,
 computed once per *distinct* combination, then `groupby((group, seq)).nunique()` finds every
 disagreeing position at once. Only disagreeing positions are looked at one by one, and all of them
 are reported (not just the first of a group). Coalesced/batched blocks that share a sequence number
-on a rank are compared as one unit.
+on a rank are compared as one unit, op by op in record order; an op holding several tensors (a coalesced
+all_gather/reduce_scatter) is held to its size rule tensor by tensor.
+
+Positions with no majority (two ranks, or two equal camps) are settled by aligning the ranks' op
+streams, never by rank number: an op issued by one side only shifts its later ops by one, so the side
+whose stream lines up with the other's one position later, and that issued exactly one op more, is
+the one that diverged. When the streams cannot tell, every rank of the position is named.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from .constants import (
     REDUCE_SCATTER_OPS,
     SCATTER_OPS,
 )
+from .textutil import ranges
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op")
 MAX_REPORTED = 1000
@@ -47,6 +54,8 @@ class Mismatch:
     kind: str = "coll"
     tie: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    undecided: bool = False  # no majority and the evidence cannot tell who diverged: `ranks` are all of them
+    shift: Shift | None = None  # the alignment that settled a position with no majority
 
     def as_dict(self) -> dict[str, Any]:
         """The report's `mismatches` item."""
@@ -66,6 +75,33 @@ class Mismatch:
 
 
 @dataclass
+class Shift:
+    """One side of a position with no majority issued one op the other side did not: its later ops
+    line up with the others' one position earlier (found by aligning the op streams)."""
+
+    group: str
+    seq: int  # where the extra op sits in the shifted ranks' stream
+    op: str
+    ranks: list[int]  # the ranks that issued the extra op
+    others: list[int]
+    last: int  # the others' last seq in the group: the shifted ranks' later seqs have no partner
+
+    def text(self) -> str:
+        """One sentence for the report: which stream has the extra op, and what lines up."""
+        who, them = _ranks_text(self.ranks), _ranks_text(self.others)
+        many = len(self.ranks) > 1
+        stream, its, it = ("op streams have", "their", "they") if many else ("op stream has", "its", "it")
+        return (f"{who}'s {stream} one extra {self.op} at seq {self.seq} of group {self.group}: from there on {its} "
+                f"ops line up with {them}'s one position earlier, and {it} issued one op more (up to seq "
+                f"{self.last + 1}, {them} up to seq {self.last}), so {them} never "
+                f"issue{'' if len(self.others) > 1 else 's'} a seq {self.last + 1}")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
+
+
+@dataclass
 class MatchResult:
     """All mismatches, plus the (group, seq, rank) culprits the wait graph points edges at."""
 
@@ -73,6 +109,7 @@ class MatchResult:
     culprits: pd.DataFrame  # columns group, seq, rank (collectives only)
     positions: pd.DataFrame  # one row per (rank, group, seq) collective unit with its signatures
     notes: list[str]
+    shifts: list[Shift] = field(default_factory=list)  # positions with no majority settled by alignment
 
 
 def match(entries: pd.DataFrame, members: dict[str, tuple[int, ...]], transfers: Transfers | None = None) -> MatchResult:
@@ -81,13 +118,17 @@ def match(entries: pd.DataFrame, members: dict[str, tuple[int, ...]], transfers:
     notes: list[str] = []
     positions = collective_positions(entries, members)
     mismatches = _collective_mismatches(positions)
+    shifts = _settle_ties(mismatches, positions)
+    by_site, site_shifts = _site_shifts(entries, positions, members, {m.group for m in mismatches})
+    mismatches, shifts = mismatches + by_site, shifts + site_shifts
     mismatches += _p2p_mismatches(entries, pair_transfers(entries) if transfers is None else transfers)
     if len(mismatches) > MAX_REPORTED:
         notes.append(f"{len(mismatches)} mismatching positions; the report lists the first {MAX_REPORTED}")
     mismatches.sort(key=lambda m: (m.group, m.seq, FIELDS.index(m.field) if m.field in FIELDS else 9))
     rows = [(m.group, m.seq, r) for m in mismatches if m.kind == "coll" for r in m.ranks]
     culprits = pd.DataFrame(rows, columns=["group", "seq", "rank"]).drop_duplicates()
-    return MatchResult(mismatches=mismatches[:MAX_REPORTED], culprits=culprits, positions=positions, notes=notes)
+    return MatchResult(mismatches=mismatches[:MAX_REPORTED], culprits=culprits, positions=positions, notes=notes,
+                       shifts=shifts)
 
 
 def collective_positions(entries: pd.DataFrame, members: dict[str, tuple[int, ...]]) -> pd.DataFrame:
@@ -223,6 +264,163 @@ def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:
     )
 
 
+def _settle_ties(mismatches: list[Mismatch], pos: pd.DataFrame) -> list[Shift]:
+    """Name the culprits of positions with no majority from the op streams, never from rank numbers.
+
+    Why: with two ranks (or two equal camps) "the majority" does not exist, and taking the lowest rank's
+    value as the expected one blames whichever rank is not the lowest (PyTorch's tutorial: rank 0 issues
+    one extra all_reduce, and rank 1 was blamed). The first such position of each group is aligned
+    (`_align`); the shift it finds settles that position and every later one between the same two camps.
+    Where no shift explains the streams, every rank of the position is named and the mismatch says so.
+    """
+    ties = sorted((m for m in mismatches if m.kind == "coll" and m.tie), key=lambda m: (m.group, m.seq))
+    decided: dict[str, Shift | None] = {}
+    for m in ties:  # one per tied position: few
+        if m.group not in decided:
+            decided[m.group] = _align(pos, m)
+    for m in ties:
+        camps = [sorted(rs) for rs in m.values.values()]
+        shift = decided.get(m.group)
+        if shift is not None and m.seq >= shift.seq and sorted([shift.ranks, shift.others]) == sorted(camps):
+            m.ranks, m.shift = list(shift.ranks), shift
+            m.expected = next(v for v, rs in m.values.items() if sorted(rs) == shift.others)
+            m.values = {m.expected: m.values[m.expected], **m.values}  # the other camp's value first
+            if m.field == "op":  # a position is labelled by the expected op, as with a majority
+                m.op = m.expected
+            later = "" if m.seq == shift.seq else f" (a consequence of the extra op at seq {shift.seq})"
+            m.extra["alignment"] = shift.text() + later
+        else:
+            m.ranks, m.undecided, m.expected = sorted(r for rs in camps for r in rs), True, ""
+            m.extra["alignment"] = (
+                f"no majority, and aligning the op streams of ranks {ranges(m.ranks)} does not tell which one diverged "
+                "(no single extra or missing op explains them): all are named, none is picked by rank number"
+            )
+    return [s for s in decided.values() if s is not None]
+
+
+def _align(pos: pd.DataFrame, m: Mismatch) -> Shift | None:
+    """The camp of the tied position `m` whose op stream has one extra op there, if exactly one does.
+
+    A camp C diverged when (1) every C rank's ops after `m.seq` equal the other camp's ops one position
+    earlier, (2) the other camp agrees with itself from `m.seq` on, and (3) every C rank issued exactly
+    one op more in the group (its last seq is one past theirs): an inserted op, not a swapped one. With
+    more than two camps one extra op cannot explain the position (the others disagree among themselves).
+    """
+    camps = [sorted(rs) for rs in m.values.values()]
+    if len(camps) != 2:
+        return None
+    ranks = np.array(sorted(r for c in camps for r in c), dtype=np.int64)
+    mine = pos.loc[(pos["group"] == m.group).to_numpy() & np.isin(pos["rank"].to_numpy(), ranks)]
+    token = dense_ids([pd.Categorical(mine[f]).codes for f in FIELDS])  # one code per distinct (op, shapes, ...)
+    rank, seq = mine["rank"].to_numpy(), mine["seq"].to_numpy().astype(np.int64)
+    row = np.searchsorted(ranks, rank)
+    last = np.full(len(ranks), -1, dtype=np.int64)
+    np.maximum.at(last, row, seq)  # a handful of ranks
+    after = seq >= m.seq
+    width = int(seq[after].max()) - m.seq + 2 if after.any() else 2  # one spare column for the shift
+    grid = np.full((len(ranks), width), -1, dtype=np.int64)  # token per (rank, seq - m.seq); -1: none
+    grid[row[after], seq[after] - m.seq] = token[after]
+    at = {int(r): i for i, r in enumerate(ranks)}
+
+    def diverged(camp: list[int], other: list[int]) -> bool:
+        lasts_c, lasts_o = {int(last[at[r]]) for r in camp}, {int(last[at[r]]) for r in other}
+        if len(lasts_o) != 1 or lasts_c != {next(iter(lasts_o)) + 1}:
+            return False
+        ref = grid[at[other[0]]]
+        theirs = grid[[at[r] for r in other]]
+        if ((theirs != ref) & (theirs >= 0) & (ref >= 0)).any():
+            return False
+        shifted, base = grid[[at[r] for r in camp]][:, 1:], ref[:-1]
+        both = (shifted >= 0) & (base >= 0)
+        return bool(both.any(axis=1).all()) and not ((shifted != base) & both).any()
+
+    found = [(c, o) for c, o in (camps, camps[::-1]) if diverged(c, o)]
+    if len(found) != 1:
+        return None
+    camp, other = found[0]
+    here = mine.loc[(rank == camp[0]) & (seq == m.seq), "op"]
+    op = str(here.iloc[0]) if len(here) else m.op
+    return Shift(group=m.group, seq=m.seq, op=op, ranks=camp, others=other, last=int(last[at[other[0]]]))
+
+
+PENDING_UNIT_STATES = ("enqueued", "started", "failed")
+MAX_SITE_CAMP = 256  # ranks waiting in one group beyond which the call-site alignment is not tried
+
+
+def _site_shifts(entries: pd.DataFrame, pos: pd.DataFrame, members: dict[str, tuple[int, ...]],
+                 settled: set[str]) -> tuple[list[Mismatch], list[Shift]]:
+    """An extra op that agrees in kind and size with the others' ops, told apart by its call site.
+
+    Why: rank 0 all-reducing one extra tensor of the usual shape leaves no field to disagree on; its
+    later ops pair with the other rank's previous ones and its last one waits for an op never issued,
+    which looks like the other rank not entering (what `fr_trace` reports). Tried only where a group's
+    ranks split into two equal camps (no majority) whose last seqs differ by one, the camp ahead still
+    waiting in its last op: there, if the call sites disagree at some position and agree everywhere
+    once the camp ahead is shifted back by one from it, that camp issued an extra op. Unknown sites
+    (C++-issued ops) never count as agreement on their own: at least one known pair must line up.
+    """
+    if "site" not in entries.columns or pos.empty:
+        return [], []
+    waiting = pos.loc[pos["state"].isin(PENDING_UNIT_STATES).to_numpy(), ["rank", "group"]]
+    out: list[Mismatch] = []
+    shifts: list[Shift] = []
+    for group, ranks in waiting.groupby("group", observed=True)["rank"]:  # groups with a waiting rank
+        n = ranks.nunique()
+        if str(group) in settled or n > MAX_SITE_CAMP or 2 * n != len(members.get(str(group), ())):
+            continue  # only half of the group waiting can be two equal camps
+        found = _site_shift(entries, pos, str(group))
+        if found is not None:
+            out.append(found[0])
+            shifts.append(found[1])
+    return out, shifts
+
+
+def _site_shift(entries: pd.DataFrame, pos: pd.DataFrame, group: str) -> tuple[Mismatch, Shift] | None:
+    """The call-site alignment of `_site_shifts` for one group (its two camps split by their last seq)."""
+    mine = pos.loc[(pos["group"] == group).to_numpy(), ["rank", "seq", "state", "op"]]
+    last = mine.groupby("rank")["seq"].max()
+    ends = sorted(set(last.tolist()))
+    if len(ends) != 2 or ends[1] != ends[0] + 1:
+        return None
+    ahead, behind = sorted(last.index[last == ends[1]].tolist()), sorted(last.index[last == ends[0]].tolist())
+    if len(ahead) != len(behind):
+        return None  # a majority: the usual rules apply
+    tail = mine[(mine["seq"] == ends[1]).to_numpy()]
+    if not tail["state"].isin(PENDING_UNIT_STATES).all():
+        return None  # the camp ahead is not stuck in its last op
+    ranks = np.array(ahead + behind, dtype=np.int64)
+    rows = entries.loc[(entries["group"] == group).to_numpy() & (entries["kind"] == "coll").to_numpy()
+                       & (entries["seq"] > 0).to_numpy(), ["rank", "seq", "id", "site"]]
+    rows = rows[np.isin(rows["rank"].to_numpy(), ranks)].sort_values("id").drop_duplicates(["rank", "seq"])
+    site = pd.Categorical(rows["site"])
+    grid = np.full((len(ranks), ends[1] + 2), -1, dtype=np.int64)  # site code per (rank, seq); -1: unknown
+    at = np.searchsorted(np.sort(ranks), rows["rank"].to_numpy())
+    order = np.argsort(ranks)
+    grid[order[at], rows["seq"].to_numpy().astype(np.int64)] = site.codes
+    front, back = grid[: len(ahead)], grid[len(ahead):]
+    ref = back[0]
+    known = (back >= 0) & (ref >= 0)
+    if ((back != ref) & known).any():
+        return None  # the camp behind disagrees with itself
+    both = (front >= 0) & (ref >= 0)
+    differs = np.flatnonzero(((front != ref) & both).any(axis=0))
+    if not len(differs):
+        return None  # the streams agree where they overlap: nothing tells the camps apart
+    p = int(differs[0])
+    shifted, base = front[:, p + 1:], ref[p: -1]
+    pairs = (shifted >= 0) & (base >= 0)
+    if not pairs.any(axis=1).all() or ((shifted != base) & pairs).any():
+        return None
+    op_at = mine[(mine["rank"] == ahead[0]).to_numpy() & (mine["seq"] == p).to_numpy()]["op"]
+    op = str(op_at.iloc[0]) if len(op_at) else "op"
+    shift = Shift(group=group, seq=p, op=op, ranks=ahead, others=behind, last=ends[0])
+    theirs, ours = _label(site.categories, int(ref[p])), _label(site.categories, int(front[0, p]))
+    why = f"{shift.text()} (the ops agree in kind and size: their call sites tell them apart)"
+    m = Mismatch(group=group, seq=p, field="site", ranks=list(ahead), values={theirs: list(behind), ours: list(ahead)},
+                 expected=theirs, op=op, tie=True, shift=shift, extra={"alignment": why})
+    return m, shift
+
+
 def _shared_codes(a: pd.Categorical, b: pd.Categorical) -> tuple[np.ndarray, np.ndarray, pd.Index]:
     """One set of categories for two categoricals, and each one's code -> shared code table (its
     last slot, for code -1, is -1), so codes gathered at any rows compare as ints."""
@@ -290,11 +488,22 @@ def _signature(op: str, ins: Any, outs: Any, in_dt: Any, out_dt: Any, size: int)
         return "", ""
     i, o = _shapes(ins), _shapes(outs)
     idt, odt = _text(in_dt), _text(out_dt)
+    coalesced = len(i) == len(o) > 1  # one input and one output tensor per op of the block: each op by itself
     if op in ALL_GATHER_OPS:
+        if coalesced:
+            outs = [_numel([s]) for s in o]
+            bad = [k for k, (a, b) in enumerate(zip(i, outs, strict=True)) if b != _numel([a]) * size]
+            rule = f" (output != input x group size {size} for tensor(s) {bad})" if bad else ""
+            return f"in {_fmt(i)}, out numel {outs}{rule}", f"{idt}->{odt}"
         total_in, total_out = _numel(i), _numel(o)
         rule = "" if total_out == total_in * size else f" (output != input x group size {size})"
         return f"in {_fmt(i)}, out numel {total_out}{rule}", f"{idt}->{odt}"
     if op in REDUCE_SCATTER_OPS:
+        if coalesced:
+            ins = [_numel([s]) for s in i]
+            bad = [k for k, (a, b) in enumerate(zip(ins, o, strict=True)) if a != _numel([b]) * size]
+            rule = f" (input != output x group size {size} for tensor(s) {bad})" if bad else ""
+            return f"in numel {ins}, out {_fmt(o)}{rule}", f"{idt}->{odt}"
         total_in, total_out = _numel(i), _numel(o)
         rule = "" if total_in == total_out * size else f" (input != output x group size {size})"
         return f"in numel {total_in}, out {_fmt(o)}{rule}", f"{idt}->{odt}"

@@ -34,13 +34,9 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, tuple[int, ...]]] = {
         "a crash hides the other root cause (a mismatch culprit, a stalled rank)", (1131, 1797)),
     ("flightrec", "completed_mismatch"): (
         "an old completed (reduce-op) mismatch makes the verdict desync over the real hang", (34,)),
-    ("flightrec", "missing_dump"): (
-        "a hang seen only through a rank whose dump is lost is called healthy (nobody dumped waits)", (168,)),
     ("flightrec", "slow_rank"): (
         "a slow first pipeline stage is late on only one of its two sends per step to the same peer: 50% of the "
         "channel's votes, under the 60% needed", (1511,)),
-    ("torch", "missing_dump"): (
-        "a hang seen only through a rank whose dump is lost is called healthy (nobody dumped waits)", (168,)),
     ("torch", "missing_op"): (
         "a wait cycle through a skipped collective is a hang blamed on one side, not a deadlock", (155,)),
     ("torch", "coll_inversion"): (
@@ -52,6 +48,8 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, tuple[int, ...]]] = {
 FIXED: dict[tuple[str, str], tuple[int, ...]] = {
     ("flightrec", "early_exit"): (741,),  # an async op in an exit record made its peers comm_stuck
     ("flightrec", "ring_wrap"): (1382,),  # p2p progress counters were ignored past a wrapped ring
+    ("flightrec", "missing_dump"): (168,),  # a hang seen only through a lost dump was called healthy
+    ("torch", "missing_dump"): (168,),
 }
 
 
