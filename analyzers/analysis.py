@@ -141,8 +141,29 @@ class Analysis:
 
     @cached_property
     def _causes(self) -> CauseResult:
-        return find_causes(self.graph, self._waits.waits, self._matched, self.dumps, self._absent_text, self.entries,
-                           self.groups, self.failures)
+        result = find_causes(self.graph, self._waits.waits, self._matched, self.dumps, self._absent_text,
+                             self.entries, self.groups, self.failures)
+        # a mismatch that completed before anything blocked is a finding, listed after what hangs the job
+        result.causes.sort(key=lambda c: c.kind == MISMATCH and (c.group, c.seq) not in self._deciding_positions)
+        return result
+
+    @cached_property
+    def _deciding_positions(self) -> set[tuple[str | None, int | None]]:
+        """Mismatched positions that can explain the state the job is in: all of them when nothing blocks,
+        else those at or after a position ranks block in, in the same group, and the shifts of an extra or
+        missing op. An earlier mismatch completed (a reduce-op disagreement gloo does not notice) and is
+        not why the job stopped."""
+        mismatches = self._matched.mismatches
+        waits = self._waits.waits.values()
+        if not waits:
+            return {(m.group, m.seq) for m in mismatches}
+        first_block: dict[str, int] = {}
+        for w in waits:
+            for _, g, seq, _, _ in w.positions:
+                first_block[g] = min(first_block.get(g, seq), seq)
+        return {(m.group, m.seq) for m in mismatches
+                if m.shift is not None  # an extra or missing op: every later position of the group is off by one
+                or (m.group in first_block and m.seq >= first_block[m.group])}
 
     @cached_property
     def failures(self) -> list[Failure]:
@@ -162,7 +183,7 @@ class Analysis:
     @property
     def verdict(self) -> str:
         """desync, deadlock, crash, hang, slow, inconclusive or healthy (see docs/report-format.md)."""
-        if self._matched.mismatches:
+        if self._deciding_positions:
             return DESYNC
         if self._causes.cycles:
             return DEADLOCK
@@ -269,9 +290,10 @@ class Analysis:
         if head.kind == CRASHED:
             first = f"rank {head.rank} crashed" + (f" (awaited in {head.op}, group {head.group}, seq {head.seq})" if head.op else "")
         more = f" and {plural(len(causes) - 1, 'more root cause')}" if len(causes) > 1 else ""
-        victims = {v for c in causes for v in c.victims}
         affected = "failed, were stopped or wait after it" if head.kind == CRASHED else "waiting on it"
-        tail = f"; {plural(len(victims), 'rank')} {affected}" if victims else (f"; {n_wait} waiting" if n_wait else "")
+        # the first cause's own victims: crediting it with every cause's would blame it for the others
+        tail = f"; {plural(len(head.victims), 'rank')} {affected}" if head.victims else (
+            f"; {n_wait} waiting" if n_wait else "")
         return f"{verdict}: {first}{more}{tail}"
 
 

@@ -120,7 +120,6 @@ def find_causes(
     causes: list[Cause] = []
     notes: list[str] = []
 
-    graph = _without_skipped_p2p(graph, waits, notes)
     sccs = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1 or graph.has_edge(next(iter(c)), next(iter(c)))]
     sccs.sort()
     in_cycle = {r for c in sccs for r in c}
@@ -215,8 +214,9 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
             last = _last_op(entries, c.rank)
             c.detail = (f"rank {c.rank} exited normally" + (f" after {last}" if last else "")
                         + f"; the others still wait for it in {_label(c.group, c.seq, c.op, desc)}")
-        elif f is not None and f.kind in (fail.PEER_LOST, fail.TERMINATED) and roots:
-            continue  # a consequence of the crash, listed under `failures`
+        elif f is not None and f.kind in (fail.PEER_LOST, fail.TERMINATED) and roots and c.kind in (
+                NOT_ENTERED, MISSING_DUMP, COMM_STUCK):
+            continue  # a consequence of the crash, listed under `failures` (a mismatch of its own stays)
         kept.append(c)
     named = {c.rank for c in kept}
     for r in sorted(roots - named):
@@ -232,34 +232,6 @@ def _attach_traceback(c: Cause, dump: RankDump | None) -> None:
     if isinstance(exc, dict) and exc.get("traceback"):
         frames = [str(f) for f in exc["traceback"]]
         c.stack, c.site = frames[-STACK_EXCERPT:], frames[-1]
-
-
-def _without_skipped_p2p(graph: nx.DiGraph, waits: dict[int, Wait], notes: list[str]) -> nx.DiGraph:
-    """Cut the waits of ranks that moved on to a collective without posting a p2p op a peer waits for.
-
-    Such a rank and its peer wait for each other (the peer in the p2p op, the rank in the collective
-    the peer never reaches), which looks like a cycle, but the order is not symmetric as in a real
-    deadlock: the rank skipped an op, so it is where the hang starts. A rank whose collective waits on
-    nobody in the peer's cycle is simply blocked before its send (a pipeline cascade): left alone.
-    """
-    skippers: dict[int, list[int]] = defaultdict(list)
-    component: dict[int, int] | None = None
-    for u, r, data in graph.edges(data=True):
-        w = waits.get(r)
-        if data.get("kind") == "p2p" and w is not None and w.kind == "coll" and w.targets:
-            if component is None:
-                component = {n: i for i, c in enumerate(nx.strongly_connected_components(graph)) for n in c}
-            if component[u] == component[r]:  # else r is blocked in an earlier collective, not skipping
-                skippers[r].append(u)
-    if not skippers:
-        return graph
-    pruned = graph.copy()
-    for r, peers in sorted(skippers.items()):
-        pruned.remove_edges_from([(r, m) for m in list(pruned.successors(r))])
-        notes.append(f"rank {r} is in a collective ({waits[r].op}, group {waits[r].group}, seq {waits[r].seq}) "
-                     f"while rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, sorted(peers)))} wait for it "
-                     "to post a point-to-point op: it moved on without posting it")
-    return pruned
 
 
 def _instance_key(w: Wait) -> tuple[Any, ...]:

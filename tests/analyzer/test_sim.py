@@ -26,21 +26,15 @@ TORCH_SEEDS = max(len(sim.FAULT_KINDS), SEEDS * 3 // 10)
 
 # Known analyzer defects (issue 21): (format, kind) -> (why, seeds where it shows). Remove an entry once fixed.
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, tuple[int, ...]]] = {
-    ("flightrec", "missing_op"): (
-        "a wait cycle through a skipped collective is a hang blamed on one side, not a deadlock", (155,)),
-    ("flightrec", "coll_inversion"): (
-        "collective order inversion is a hang blamed on one side, not a deadlock", (103,)),
-    ("flightrec", "two_faults"): (
-        "a crash hides the other root cause (a mismatch culprit, a stalled rank)", (1131, 1797)),
     ("flightrec", "completed_mismatch"): (
-        "an old completed (reduce-op) mismatch makes the verdict desync over the real hang", (34,)),
+        "a reduce-op disagreement that completed between two camps of equal size (no majority) is not reported",
+        (142, 196)),
+    ("flightrec", "two_faults"): (
+        "a crash hides a stalled rank that the launcher then terminated (told apart from a victim only by time)",
+        (1797,)),
     ("flightrec", "slow_rank"): (
         "a slow first pipeline stage is late on only one of its two sends per step to the same peer: 50% of the "
         "channel's votes, under the 60% needed", (1511,)),
-    ("torch", "missing_op"): (
-        "a wait cycle through a skipped collective is a hang blamed on one side, not a deadlock", (155,)),
-    ("torch", "coll_inversion"): (
-        "collective order inversion is a hang blamed on one side, not a deadlock", (103,)),
 }
 
 
@@ -49,6 +43,12 @@ FIXED: dict[tuple[str, str], tuple[int, ...]] = {
     ("flightrec", "early_exit"): (741,),  # an async op in an exit record made its peers comm_stuck
     ("flightrec", "ring_wrap"): (1382,),  # p2p progress counters were ignored past a wrapped ring
     ("flightrec", "missing_dump"): (168,),  # a hang seen only through a lost dump was called healthy
+    ("flightrec", "completed_mismatch"): (16, 34, 70),  # an old completed mismatch made the verdict desync
+    ("flightrec", "two_faults"): (1131,),  # a crash hid a mismatch culprit
+    ("flightrec", "missing_op"): (155, 353, 389),  # the skipped-p2p rule made a wait cycle a one-sided hang
+    ("flightrec", "coll_inversion"): (103, 283),  # likewise
+    ("torch", "missing_op"): (155,),
+    ("torch", "coll_inversion"): (103,),
     ("torch", "missing_dump"): (168,),
 }
 
