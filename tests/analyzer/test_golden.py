@@ -17,6 +17,15 @@ def test_every_golden_scenario_is_committed() -> None:
 
 
 @pytest.mark.parametrize("name", GOLDEN_SCENARIOS)
+def test_golden_dumps_are_what_the_recorder_writes_now(name: str) -> None:
+    """Regenerated from real runs (`python -m fixtures.run --golden`), never a schema the recorder left."""
+    from flightrec.dumper import SCHEMA_VERSION, read_dump
+
+    dumps = sorted((GOLDEN / name).glob("rank-*.json.gz"))
+    assert dumps and {read_dump(str(p))["schema_version"] for p in dumps} == {SCHEMA_VERSION}
+
+
+@pytest.mark.parametrize("name", GOLDEN_SCENARIOS)
 def test_golden_report(name: str) -> None:
     folder = GOLDEN / name
     report = analyzers.load(str(folder)).report()
