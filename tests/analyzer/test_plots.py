@@ -142,7 +142,7 @@ def test_html_report(tmp_path):
     assert result.exit_code == 0, result.output
     html = page.read_text()
     assert ">hang</span>" in html and "rank 2 not_entered in all_reduce (group 0, seq 4)" in html
-    assert "rank 2 &mdash; not_entered" in html and "train.py:33 in stall_in_compute" in html  # cause + stack
+    assert "rank 2 &mdash; not_entered" in html and "train.py:34 in stall_in_compute" in html  # cause + stack
     assert html.count("data:image/png;base64,") == 4
     assert "http://" not in html and "https://" not in html and "<script" not in html  # self-contained
 
