@@ -29,6 +29,7 @@ from .constants import (
     HEALTHY,
     INCONCLUSIVE,
     MISMATCH,
+    MISSING_DUMP,
     REPORT_SCHEMA,
     SLOW,
 )
@@ -189,6 +190,8 @@ class Analysis:
             return DEADLOCK
         if any(c.kind == CRASHED for c in self._causes.causes):
             return CRASH
+        if self._waits.waits and self._only_unreadable:
+            return INCONCLUSIVE
         if self._waits.waits:
             return HANG
         if self.slow.stragglers:
@@ -196,6 +199,16 @@ class Analysis:
         if self._unknown_state:
             return INCONCLUSIVE
         return HEALTHY
+
+    @property
+    def _only_unreadable(self) -> list[int]:
+        """Ranks the wait chain ends at when every one of them is a file that could not be read: a bad
+        file, or a reader's bug, is no evidence that the rank is the culprit."""
+        causes = self._causes.causes
+        unreadable = set(self.unreadable)
+        if causes and all(c.kind == MISSING_DUMP and c.rank in unreadable for c in causes):
+            return sorted({c.rank for c in causes})
+        return []
 
     @property
     def _unknown_state(self) -> dict[int, str]:
@@ -266,6 +279,11 @@ class Analysis:
                     + (f"; the whole {worst['scope']} is slow" if worst.get("scope", "rank") != "rank" else ""))
         if verdict == HEALTHY:
             return f"healthy: no rank is waiting ({plural(len(self.dumps), 'rank')} dumped)"
+        if verdict == INCONCLUSIVE and self._only_unreadable:
+            ranks = self._only_unreadable
+            return (f"inconclusive: ranks wait for rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}, whose dump "
+                    f"could not be read ({self._absent_text[ranks[0]]}): whether {'they are' if len(ranks) > 1 else 'it is'}"
+                    " the culprit cannot be told")
         if verdict == INCONCLUSIVE:
             unknown = self._unknown_state
             why = "; ".join(f"rank {r}: {text}" for r, text in list(unknown.items())[:3])

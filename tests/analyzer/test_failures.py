@@ -118,3 +118,15 @@ def test_progress_counters_see_past_a_wrapped_ring(tmp_path: Path) -> None:
     job.set(1, progress=None)
     report = analyzers.load(job.write(tmp_path / "without")).report()
     assert causes(report) != [(1, "not_entered")]  # without the counters the ring alone cannot tell
+
+
+def test_a_wait_chain_that_ends_at_an_unreadable_file_is_inconclusive(tmp_path: Path) -> None:
+    """A bad file (or a reader's bug) is no evidence that its rank is the culprit (issue 21.6)."""
+    job = Job(4)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[0, 1, 2], state="started")
+    folder = job.write(tmp_path)
+    (folder / "rank-00003.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    report = analyzers.load(folder).report()
+    assert report["verdict"] == "inconclusive", report["summary"]
+    assert report["ranks"]["unreadable"] == [3] and "could not be read" in report["summary"]
