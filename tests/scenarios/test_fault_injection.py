@@ -44,11 +44,11 @@ def test_cli_reports_the_compute_hang(tmp_path: Path) -> None:
 
 
 def test_published_scenario_table_covers_every_scenario() -> None:
-    table = (ROOT / "docs" / "scenarios.md").read_text()
+    """docs/scenarios.md is generated: every scenario has its row, with the text it injects today."""
+    table = (ROOT / "docs" / "scenarios.md").read_text().split("## Ground-truth simulator")[0]
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ") and "---" not in line}
     assert set(SCENARIOS) <= set(rows), set(SCENARIOS) - set(rows)
     for name, scenario in SCENARIOS.items():
-        assert rows[name].rstrip().endswith("| pass |"), rows[name]
         assert f"| {scenario.injected} |" in rows[name], f"{name}: regenerate docs/scenarios.md"
 
 
