@@ -38,6 +38,7 @@ from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait
 STACK_EXCERPT = 6
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
 CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, CRASHED, EXITED, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
+OWED = {"send": "recv", "recv": "send"}
 RECORDER_FRAME = re.compile(r"[/\\]flightrec[/\\][A-Za-z_]+\.py:\d+ in ")
 
 
@@ -152,6 +153,7 @@ def find_causes(
         if R_MISMATCH in reasons and r in culprit_ranks:  # show where it entered the wrong op
             waited = _waited_positions(graph, r, waits, only=R_MISMATCH)
         g, s, op = _pick(waited, size, waits)
+        op = OWED.get(op, op)  # a peer waiting in its send is owed a recv, and the other way round
         if r in absent:
             causes.append(_missing(r, g, s, op, absent[r], waited, desc))
         elif R_MISMATCH in reasons and r in culprit_ranks:

@@ -81,7 +81,7 @@ def test_nccl_p2p_peer_mapping(tmp_path):
     row = a.entries[(a.entries["rank"] == 3) & (a.entries["kind"] == "p2p")].iloc[0]
     assert (row["op"], row["peer"], row["seq"], row["state"]) == ("recv", 2, 1, "started")
     report = a.report()
-    assert [(c["rank"], c["kind"], c["op"]) for c in report["root_causes"]] == [(2, "not_entered", "recv")]
+    assert [(c["rank"], c["kind"], c["op"]) for c in report["root_causes"]] == [(2, "not_entered", "send")]  # it owes the send rank 3 waits for
     assert report["groups"][1]["membership"] == "recorded"
     assert not any("membership not recorded" in g for g in report["gaps"])
 
