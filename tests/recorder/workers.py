@@ -126,7 +126,16 @@ def ddp_training(rank: int, world_size: int, port: int, out: str) -> None:
         opt.zero_grad()
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
-    time.sleep(0.5)  # let the watchdog see the backend's status
+    # PyTorch's recorder learns of the last all-reduce's completion from gloo's thread: wait for it
+    from flightrec import torch_fr
+
+    pg = dist.group.WORLD
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        done = torch_fr.completed_seqs(torch_fr.read(include_entries=False))
+        if done and max(done.values()) >= pg._get_sequence_number_for_group():
+            break
+        time.sleep(0.1)
     flightrec.dump("ddp")
     dist.destroy_process_group()
 
