@@ -171,7 +171,11 @@ def _columns(
         if recorder == TORCHCOMMS:
             notes.append(NOTE_TORCHCOMMS_P2P)
 
-    raw_seq = _ints(df["p2p_seq_id"]).where(is_p2p, coll_raw) if "p2p_seq_id" in df.columns else coll_raw
+    # a coalesced block shares one seq id; without `p2p_seq_id` a p2p op carries the group's current
+    # collective seq, shared by every send and recv until the next collective: no unit can be told then
+    lone = pd.Series(-2 - record_id.to_numpy(), index=df.index)
+    p2p_raw = _ints(df["p2p_seq_id"]) if "p2p_seq_id" in df.columns else lone
+    raw_seq = p2p_raw.where(is_p2p, coll_raw)
     unit_key = pd.DataFrame({"g": group, "p": is_p2p, "s": raw_seq})
     dup = unit_key.duplicated(keep=False) & (recorder != TORCHCOMMS)  # torchcomms: one op per seq id, no coalescing
     unit = pd.Series(-1, index=df.index, dtype=np.int64)

@@ -148,3 +148,17 @@ def test_missing_member_of_an_unrecorded_group_is_not_guessed(tmp_path):
     assert report["root_causes"] == []
     assert any("group 2's membership is not recorded" in g for g in report["gaps"])
     assert any(g.startswith("world size not recorded") for g in report["gaps"])
+
+
+def test_p2p_ops_without_p2p_seq_id_are_not_one_unit(tmp_path):
+    """Recorders before `p2p_seq_id` give p2p ops the group's current collective seq: the pipeline's
+    sends and receives between two collectives share it, which must not make them one coalesced unit."""
+    world = ("0", "default_pg")
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+    entries = [fr_entry(0, world, "nccl:all_reduce", 1), fr_entry(1, world, "nccl:send 0->1", 1),
+               fr_entry(2, world, "nccl:send 0->1", 1), fr_entry(3, world, "nccl:recv 0<-1", 1)]
+    for e in entries:
+        del e["p2p_seq_id"]
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(fr_dump(entries, cfg)))
+    a = analyzers.load(tmp_path)
+    assert (a.entries.loc[a.entries["kind"] == "p2p", "unit"] == -1).all()
