@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import dtype_text, finish_columns, serialised_keys, text_column
+from .columns import dtype_text, finish_columns, first_rows, serialised_keys, text_column
 from .constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 
@@ -395,7 +395,7 @@ class _Templates:
         rows[:] = list(zip(*arrays, strict=True))
         codes, uniques = pd.factorize(serialised_keys(rows))
         self.codes = codes
-        self.first = np.asarray(_first_rows(codes, len(uniques)), dtype=np.int64)
+        self.first = first_rows(codes)
         self.columns = {f: a[self.first] for f, a in zip(self.fields, arrays, strict=True)}
         self.n = len(uniques)
 
@@ -418,17 +418,10 @@ def _group_names(pairs: pd.Series) -> pd.Series:
         codes, uniques = pd.factorize(values)  # pickles: tuples
     except TypeError:  # JSON: lists
         codes, uniques = pd.factorize(serialised_keys(values))
-        uniques = [values[i] for i in _first_rows(codes, len(uniques))]
+        uniques = [values[i] for i in first_rows(codes).tolist()]
     names = np.array([str(p[0]) if isinstance(p, (list, tuple)) and p else "nan" for p in uniques] + ["nan"],
                      dtype=object)
     return pd.Series(names[np.where(codes >= 0, codes, len(uniques))], index=pairs.index, dtype=object)
-
-
-def _first_rows(codes: np.ndarray, n: int) -> list[int]:
-    """The first row of each of `n` codes."""
-    first = np.zeros(n, dtype=np.int64)
-    first[codes[::-1]] = np.arange(len(codes))[::-1]
-    return first.tolist()
 
 
 def _parse_names(names: pd.Series) -> pd.DataFrame:
@@ -449,7 +442,7 @@ def _sites(frames: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     codes, uniques = pd.factorize(serialised_keys(values))
     site = np.empty(len(uniques), dtype=object)
     stack = np.empty(len(uniques), dtype=object)
-    for i, row in enumerate(_first_rows(codes, len(uniques))):
+    for i, row in enumerate(first_rows(codes).tolist()):
         fr = values[row]
         if not isinstance(fr, list) or not fr:
             continue

@@ -148,7 +148,7 @@ class Watchdog:
             detail = f"{describe(entry)} failed: {entry.error}"
             if not dumped:
                 self._dump("op_failed", detail)
-            self.ask_peers(f"op_failed on rank {_rank()}: {detail}")
+            self._ask_peers(f"op_failed on rank {_rank()}: {detail}")
 
     def _update_cpp_states(self) -> None:
         oldest_kept = self.rec.ring.recorded - self.rec.ring.capacity
@@ -184,7 +184,7 @@ class Watchdog:
                 detail = (f"{describe(silent)}, then no op for {waited:.1f}s; its completion cannot be observed "
                           "without PyTorch's recorder (TORCH_FR_BUFFER_SIZE)")
                 self._dump("timeout", detail)
-                self.ask_peers(f"timeout on rank {_rank()}: {detail}")
+                self._ask_peers(f"timeout on rank {_rank()}: {detail}")
             return
         oldest = min(stuck, key=lambda e: e.t_enqueue_ns)
         self._fired.update(e.id for e in stuck)
@@ -193,7 +193,7 @@ class Watchdog:
         waited = (now - oldest.t_enqueue_ns) / 1e9
         detail = f"{describe(oldest)} incomplete after {waited:.1f}s"
         self._dump("timeout", detail)
-        self.ask_peers(f"timeout on rank {_rank()}: {detail}")
+        self._ask_peers(f"timeout on rank {_rank()}: {detail}")
 
     def _silent_cpp_op(self, now: int, limit_ns: int) -> Entry | None:
         """The newest op, when it was issued from C++, its completion cannot be observed (`unknown`:
@@ -210,7 +210,7 @@ class Watchdog:
             return None
         return last if now - self._recorded_since_ns > limit_ns else None
 
-    def ask_peers(self, reason: str) -> None:
+    def _ask_peers(self, reason: str) -> None:
         now = time.monotonic()
         if self._stop.is_set() or now - self._last_peer_request < _PEER_REQUEST_EVERY_S:
             return
