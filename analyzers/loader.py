@@ -26,7 +26,7 @@ from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .jobs import split_jobs
 from .memory import reuse_freed_memory
 from .rankdump import FileProblem, RankDump, SideFile
-from .read import read_path
+from .read import rank_from_name, read_path
 from .textutil import ranges
 
 # Below these, a pool's start-up (forking, pickling frames back) costs more than it saves.
@@ -117,7 +117,7 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
     cpus = os.cpu_count() or 1
     if workers is None:
         workers = min(cpus, len(paths)) if (len(paths) >= PARALLEL_MIN_FILES and size >= PARALLEL_MIN_BYTES) else 1
-    names = [str(p) for p in paths]
+    names = sorted(map(str, paths), key=_rank_order)  # batches in rank order: the merged table needs no reordering
     tick = progress or (lambda n: None)
     if workers <= 1:
         shared = SharedMembers()
@@ -292,6 +292,12 @@ def _merge_notes(dumps: dict[int, RankDump]) -> list[str]:
         for note in d.notes:
             seen[note].append(rank)
     return [f"{note} (ranks {ranges(r)})" for note, r in seen.items()]
+
+
+def _rank_order(name: str) -> tuple[bool, int, str]:
+    """Files by the rank their name ends in (`nccl_trace_rank_10` after `_9`), unnamed ones last."""
+    rank = rank_from_name(os.path.basename(name))
+    return (rank is None, rank or 0, name)
 
 
 def _size(p: Path) -> int:

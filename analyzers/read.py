@@ -113,7 +113,7 @@ def _read(fetch: Callable[[], bytes], name: str, hint: int | None, lazy: bool) -
     if read_flightrec.is_flightrec(obj):
         return read_flightrec.parse(obj, name, hint, lazy)
     if read_torch_fr.is_torch_fr(obj):
-        return read_torch_fr.parse(obj, name, hint, FMT_TORCH_PICKLE if how == "pickle" else FMT_TORCH_JSON)
+        return read_torch_fr.parse(obj, name, hint, FMT_TORCH_PICKLE if how == "pickle" else FMT_TORCH_JSON, lazy)
     if isinstance(obj, dict) and "format" in obj:
         raise DumpError(f"foreign {how} file (format {str(obj['format'])[:40]!r}, expected 'flightrec-dump')")
     raise DumpError(f"foreign {how} file: neither a flightrec dump nor a PyTorch flight-recorder dump")

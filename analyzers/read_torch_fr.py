@@ -14,19 +14,31 @@ instead of being guessed.
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .columns import dtype_text, finish_columns, first_rows, serialised_keys, text_column
+from .columns import (
+    Coded,
+    Templated,
+    dtype_text,
+    expand_batch,
+    finish_columns,
+    first_rows,
+    group_ids,
+    serialised_keys,
+    text_column,
+)
 from .constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
 from .rankdump import DumpError, GroupInfo, RankDump
 
-PROFILING_NAME = (
+PROFILING_NAME = re.compile(
     r"^(?:(?P<backend>[A-Za-z0-9_]+):)?(?P<op>[A-Za-z0-9_]+)(?:\s+(?P<a>\d+)\s*(?P<arrow>->|<-)\s*(?P<b>\d+))?"
 )
 STATE_MAP = {"scheduled": ENQUEUED, "started": STARTED, "completed": COMPLETED}
@@ -78,8 +90,10 @@ def is_torch_fr(obj: Any) -> bool:
     )
 
 
-def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDump:
-    """Validate and normalise one decoded PyTorch flight-recorder dump."""
+def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str, lazy: bool = False) -> RankDump:
+    """Validate and normalise one decoded PyTorch flight-recorder dump. `lazy`: leave the entries as
+    `Templated` (per-op columns not yet taken onto the entries) for a reader that expands a batch of
+    ranks at once (columns.expand_batch)."""
     if rank is None:
         raise DumpError("PyTorch flight-recorder dump whose file name ends in no rank number")
     version = str(obj.get("version"))
@@ -88,8 +102,8 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
     raw = obj.get("entries", [])
     if not isinstance(raw, list):
         raise DumpError("`entries` is not a list of records")
-    df = _frame(raw)
-    recorder = _recorder(obj, df)
+    fields = _fields(raw)
+    recorder = _recorder(obj, fields.get("process_group", ()))
     groups = _pg_config_groups(obj.get("pg_config"), rank if recorder == TORCHCOMMS else None)
     pg_status = parse_pg_status(obj.get("pg_status"))
     notes: list[str] = []
@@ -99,30 +113,29 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
     _default_group(groups, meta)
     if not raw:
         return RankDump(rank, file, fmt, finish_columns({}, rank), groups, [], meta, pg_status, True, [NOTE_NO_STACKS])
-    missing = [c for c in REQUIRED if c not in df.columns]
+    missing = [c for c in REQUIRED if c not in fields]
     if missing:
         raise DumpError(f"entries lack field(s) {', '.join(missing)}")
     try:
-        df["record_id"] = pd.to_numeric(df["record_id"], errors="raise").astype(np.int64)
-        df = df.sort_values("record_id", kind="stable").reset_index(drop=True)
-        cols, backend, no_events = _columns(df, groups, pg_status, notes, recorder)
+        ops = _Ops(_sorted_by_record_id(fields), groups)
+        entries, backend, no_events = _entries(ops, rank, pg_status, notes, recorder)
+        if not lazy:
+            entries = expand_batch([entries])
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise DumpError(f"bad entries: {exc}") from None
-    known = {g.name for g in groups}
-    for name, desc in _entry_groups(df).items():
+    known = {g.name: g for g in groups}
+    for name, desc in ops.group_descs().items():
         if name not in known:
             groups.append(GroupInfo(name=name, desc=desc, backend=backend))
             _default_group(groups[-1:], meta)
         else:
-            for g in groups:
-                if g.name == name:
-                    g.desc = g.desc or desc
-                    g.backend = g.backend or backend
+            known[name].desc = known[name].desc or desc
+            known[name].backend = known[name].backend or backend
     meta["backends"] = [backend] if backend else []
-    meta["first_id"] = int(df["record_id"].iloc[0])
+    meta["first_id"] = int(ops.record_id[0])
     meta["wall_offset_ns"] = 0  # time_created_ns is already wall-clock time
     notes.append(NOTE_NO_STACKS)
-    if "frames" not in df.columns:
+    if "frames" not in fields:
         notes.append(NOTE_NO_FRAMES)
     if no_events:
         notes.append(NOTE_GLOO if backend == "gloo" and recorder == PYTORCH else NOTE_NO_EVENTS)
@@ -130,7 +143,7 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
         rank=rank,
         file=file,
         fmt=fmt,
-        entries=finish_columns(cols, rank),
+        entries=entries,
         groups=groups,
         threads=[],
         meta=meta,
@@ -140,117 +153,220 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str) -> RankDum
     )
 
 
-def _columns(
-    df: pd.DataFrame, groups: list[GroupInfo], pg_status: dict[str, dict[str, int]] | None, notes: list[str],
-    recorder: str,
-) -> tuple[dict[str, Any], str, bool]:
-    """flightrec's columns from the entries; also the backend and whether completion rests on `retired` alone."""
-    tmpl = _Templates(df)
-    group = pd.Series(tmpl.take(_group_names(tmpl.unique("process_group")).to_numpy(dtype=object)), index=df.index)
-    parsed = _parse_names(tmpl.unique("profiling_name")).iloc[tmpl.codes].reset_index(drop=True)
-    backends = parsed["backend"].dropna().unique()
-    backend = str(backends[0]) if len(backends) else ("hccl" if recorder == TORCH_NPU else "")
-    op = parsed["op"].fillna("unknown")
-    flagged = _flags(df["is_p2p"]) if "is_p2p" in df.columns else pd.Series(False, index=df.index)
-    is_p2p = flagged | op.isin(("send", "recv")) | parsed["arrow"].notna()  # torchcomms: is_p2p always false
-    record_id = df["record_id"]
-    op_id = _ints(df["op_id"]) if "op_id" in df.columns else pd.Series(-1, index=df.index, dtype=np.int64)
-    coll_raw = _ints(df["collective_seq_id"])  # PyTorch's own tests write seq ids as strings
+def _entries(
+    ops: _Ops, rank: int, pg_status: dict[str, dict[str, int]] | None, notes: list[str], recorder: str
+) -> tuple[Templated, str, bool]:
+    """flightrec's columns (per-op ones left as templates); also the backend and whether completion
+    rests on `retired` alone."""
+    t = ops.templates
+    codes = ops.codes
+    n = len(codes)
+    backend = next((b for b in t.backend if b), "hccl" if recorder == TORCH_NPU else "")
+    is_p2p = t.is_p2p[codes]
+    record_id = ops.record_id
+    op_id = _ints(ops.get("op_id"), n)
+    coll_raw = _ints(ops.get("collective_seq_id"), n)  # PyTorch's own tests write seq ids as strings
+    group = t.group_id[codes]
+    seq = _group_seq(coll_raw, group, is_p2p, recorder, int(record_id[0]) > 0, notes)
 
-    peer = _global_peers(group, pd.to_numeric(parsed["b"], errors="coerce"), is_p2p, groups)
-    seq = _group_seq(coll_raw, group, is_p2p, recorder, int(record_id.iloc[0]) > 0, notes)
-    states = df["state"].astype(str)
-    no_events = _no_events(df, states)
-    if is_p2p.any():
-        p2p = pd.DataFrame({"group": group, "op": op, "peer": peer})[is_p2p & (peer >= 0)]
-        done = states.loc[p2p.index].to_numpy() == "completed"
-        numbered, anchored = _pair_seq(p2p, done if not no_events else np.zeros(len(p2p), dtype=bool))
-        seq.loc[p2p.index] = numbered
-        if int(record_id.iloc[0]) > 0 and not anchored.all():
+    states = _state_codes(ops.get("state"))
+    times = {name: _ns(ops.get(field), n) for name, field in TIME_FIELDS.items()}
+    no_events = "retired" in ops.fields and not states.any_event() and not any(
+        bool((~t_.isna() & (t_ > 0)).any()) for name, t_ in times.items() if name != "t_enqueue_ns"
+    )
+    p2p_rows = np.flatnonzero(is_p2p & (t.peer[codes] >= 0))
+    if len(p2p_rows):
+        done = states.completed()[p2p_rows] if not no_events else np.zeros(len(p2p_rows), dtype=bool)
+        numbered, anchored = _pair_seq(t.pair[codes[p2p_rows]], done)
+        seq[p2p_rows] = numbered
+        if int(record_id[0]) > 0 and not anchored.all():
             notes.append(NOTE_P2P_WRAPPED)
         if recorder == TORCHCOMMS:
             notes.append(NOTE_TORCHCOMMS_P2P)
 
     # a coalesced block shares one seq id; without `p2p_seq_id` a p2p op carries the group's current
     # collective seq, shared by every send and recv until the next collective: no unit can be told then
-    lone = pd.Series(-2 - record_id.to_numpy(), index=df.index)
-    p2p_raw = _ints(df["p2p_seq_id"]) if "p2p_seq_id" in df.columns else lone
-    raw_seq = p2p_raw.where(is_p2p, coll_raw)
-    unit_key = pd.DataFrame({"g": group, "p": is_p2p, "s": raw_seq})
-    dup = unit_key.duplicated(keep=False) & (recorder != TORCHCOMMS)  # torchcomms: one op per seq id, no coalescing
-    unit = pd.Series(-1, index=df.index, dtype=np.int64)
-    if dup.any():
-        unit[dup] = record_id[dup].groupby([unit_key["g"][dup], unit_key["p"][dup], unit_key["s"][dup]]).transform("min")
+    p2p_raw = _ints(ops.get("p2p_seq_id"), n) if "p2p_seq_id" in ops.fields else -2 - record_id
+    unit = np.full(n, -1, dtype=np.int64)
+    if recorder != TORCHCOMMS:  # torchcomms: one op per seq id, no coalescing
+        key = group_ids([group, is_p2p.astype(np.int64), np.where(is_p2p, p2p_raw, coll_raw)])
+        size = np.bincount(key)
+        dup = size[key] > 1
+        if dup.any():
+            lowest = np.full(len(size), np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(lowest, key[dup], record_id[dup])
+            unit[dup] = lowest[key[dup]]
 
-    state = states.map(STATE_MAP).fillna("unknown")
+    state = states.mapped()
     if no_events:
-        state = _retired_state(df, group, op_id, pg_status)
-    if recorder == TORCH_NPU and bool((parsed["op"].isna()).any()):
+        state = _retired_state(ops, op_id, pg_status)
+    if recorder == TORCH_NPU and not all(t.named):
         notes.append(NOTE_NPU_NAMES)
-
-    site, stack = (tmpl.take(v) for v in _sites(tmpl.unique("frames")))
-    in_shapes = tmpl.take_coded(text_column(tmpl.unique("input_sizes")))
-    out_shapes = tmpl.take_coded(text_column(tmpl.unique("output_sizes")))
-    in_dtypes = tmpl.take_coded(text_column(tmpl.unique("input_dtypes"), _torch_dtypes))
-    out_dtypes = tmpl.take_coded(text_column(tmpl.unique("output_dtypes"), _torch_dtypes))
-    # a coalesced block's closing marker (`nccl:coalesced`, fr_trace's `ALLGATHER_coalesced` with `[[]]` sizes)
-    # carries no tensors of its own: its empty sizes are not a payload to compare
-    marker = (op.str.endswith("coalesced") & _blank(in_shapes) & _blank(out_shapes)).to_numpy()
-    if marker.any():
-        in_shapes, out_shapes, in_dtypes, out_dtypes = (_drop(c, marker) for c in (in_shapes, out_shapes, in_dtypes, out_dtypes))
-    cols: dict[str, Any] = {
-        "id": record_id.to_numpy(),
-        "group": group.to_numpy(dtype=object),
-        "seq": seq.to_numpy(),
-        "pg_seq": op_id.to_numpy(),
-        "kind": np.where(is_p2p, "p2p", "coll"),
-        "op": op.to_numpy(dtype=object),
-        "api": np.full(len(df), "torch_fr", dtype=object),
-        "peer": peer.to_numpy(),
-        "in_shapes": in_shapes,
-        "out_shapes": out_shapes,
-        "in_dtypes": in_dtypes,
-        "out_dtypes": out_dtypes,
-        "is_async": np.zeros(len(df), dtype=bool),
-        "unit": unit.to_numpy(),
-        "state": state.to_numpy(dtype=object),
-        "t_enqueue_ns": _ns(df.get("time_created_ns")),
-        "t_complete_ns": _ns(df.get("time_discovered_completed_ns")),
-        "t_dev_start_ns": _ns(df.get("time_discovered_started_ns")),
-        "thread": df["thread_name"].to_numpy(dtype=object) if "thread_name" in df.columns else None,
-        "site": site,
-        "stack": stack,
-        "source": np.full(len(df), "torch_fr", dtype=object),
+    per_entry: dict[str, Any] = {
+        "id": record_id, "seq": seq, "pg_seq": op_id, "unit": unit, "state": state, **times,
     }
-    return cols, backend, no_events
+    return Templated(rank, n, per_entry, t.columns(), codes, t.count), backend, no_events
 
 
-def _frame(raw: list[Any]) -> pd.DataFrame:
-    """The entries as a table of object columns. Fast path: every record has the first one's fields
+TIME_FIELDS = {
+    "t_enqueue_ns": "time_created_ns",
+    "t_complete_ns": "time_discovered_completed_ns",
+    "t_dev_start_ns": "time_discovered_started_ns",
+}
+
+
+def _fields(raw: list[Any]) -> dict[str, Sequence[Any]]:
+    """The entries as one sequence per field. Fast path: every record has the first one's fields
     (what a recorder writes), taken out with one C-level itemgetter pass, not a per-record dict walk."""
     if not raw:
-        return pd.DataFrame()
-    if set(map(type, raw)) != {dict}:
-        if not all(isinstance(e, dict) for e in raw):
-            raise DumpError("`entries` is not a list of records")
+        return {}
+    if set(map(type, raw)) != {dict} and not all(isinstance(e, dict) for e in raw):
+        raise DumpError("`entries` is not a list of records")
     keys = list(raw[0])
+    if len(keys) > 1 and sum(map(len, raw)) == len(keys) * len(raw):
+        try:
+            return dict(zip(keys, zip(*map(operator.itemgetter(*keys), raw), strict=True), strict=True))
+        except KeyError:  # a record with other fields (as many of them)
+            pass
+    every = list(dict.fromkeys(k for e in raw for k in e))
+    return {k: [e.get(k) for e in raw] for k in every}
+
+
+def _sorted_by_record_id(fields: dict[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
+    """The fields with the entries in record-id order (a dump's own order, but JSON may be hand-made)."""
+    ids = _ids(fields["record_id"])
+    order = np.argsort(ids, kind="stable")
+    if len(ids) < 2 or bool((order == np.arange(len(ids))).all()):
+        return {**fields, "record_id": ids}
+    pick = operator.itemgetter(*order.tolist())
+    return {**{k: pick(v) for k, v in fields.items()}, "record_id": ids[order]}
+
+
+def _ids(values: Sequence[Any]) -> np.ndarray:
     try:
-        rows = list(map(operator.itemgetter(*keys), raw)) if len(keys) > 1 else None
-    except KeyError:
-        rows = None
-    if rows is None or sum(map(len, raw)) != len(keys) * len(raw):  # some record has other fields
-        return pd.DataFrame.from_records(raw)
-    columns = {}
-    for key, values in zip(keys, zip(*rows, strict=True), strict=True):
-        column = np.empty(len(values), dtype=object)
-        column[:] = values
-        columns[key] = column
-    return pd.DataFrame(columns, copy=False)
+        return np.fromiter(values, dtype=np.int64, count=len(values))
+    except (TypeError, ValueError, OverflowError):  # strings in hand-built JSON; anything else is an error
+        return pd.to_numeric(pd.Series(values, dtype=object), errors="raise").astype(np.int64).to_numpy()
 
 
-def _pair_seq(p2p: pd.DataFrame, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+class _Ops:
+    """A ring's entries: the per-entry fields, and the distinct ops they repeat (`templates`, one per
+    distinct group, name, flags, sizes, dtypes, thread and frames), each entry's op in `codes`.
+
+    Why: a 2,000-entry ring repeats a few dozen ops, so each is parsed and formatted once and the
+    entries take the results by code; the key of an entry's op is made for the whole ring in one
+    serialisation (columns.serialised_keys)."""
+
+    def __init__(self, fields: dict[str, Sequence[Any]], groups: list[GroupInfo]) -> None:
+        self.fields = fields
+        self.record_id: np.ndarray = fields["record_id"]  # type: ignore[assignment]
+        names = [f for f in TEMPLATE_FIELDS if f in fields]
+        per_row = list(zip(*(fields[f] for f in names), strict=True))
+        codes, _ = pd.factorize(serialised_keys(per_row))
+        self.codes = codes.astype(np.int64)
+        first = first_rows(self.codes).tolist()
+        self.templates = _OpTemplates({f: [fields[f][i] for i in first] for f in names}, groups)
+
+    def get(self, field: str) -> Sequence[Any] | None:
+        return self.fields.get(field)
+
+    def group_descs(self) -> dict[str, str]:
+        return self.templates.descs
+
+
+TEMPLATE_FIELDS = ("process_group", "pg_id", "profiling_name", "is_p2p", "input_sizes", "output_sizes",
+                   "input_dtypes", "output_dtypes", "thread_name", "frames")
+
+
+class _OpTemplates:
+    """Each distinct op read once: its group, parsed name, peer, sizes, dtypes, call site."""
+
+    def __init__(self, values: dict[str, list[Any]], groups: list[GroupInfo]) -> None:
+        self.values = values
+        self.count = count = len(values["process_group"])
+        pgs = values["process_group"]
+        self.group = [str(p[0]) if isinstance(p, (list, tuple)) and p else "nan" for p in pgs]
+        self.descs = {str(p[0]): str(p[1]) if len(p) > 1 else "" for p in pgs if isinstance(p, (list, tuple)) and p}
+        self.group_id = _numbered(self.group)
+        matches = [PROFILING_NAME.match("" if v is None else str(v)) for v in values["profiling_name"]]
+        self.backend = [m.group("backend") if m else None for m in matches]
+        self.named = [bool(m) for m in matches]
+        self.op = [m.group("op") if m else "unknown" for m in matches]
+        flagged = [str(v).lower() in ("true", "1", "1.0") for v in values.get("is_p2p", [False] * count)]
+        self.is_p2p = np.asarray(
+            [f or op in ("send", "recv") or bool(m and m.group("arrow")) for f, op, m in zip(flagged, self.op, matches, strict=True)],
+            dtype=bool,
+        )  # torchcomms: is_p2p always false
+        self.peer = _global_peers(self.group, [m.group("b") if m else None for m in matches], self.is_p2p, groups)
+        self.pair = _numbered(list(zip(self.group, self.op, self.peer.tolist(), strict=True)))
+        uid = values.get("pg_id")
+        self.uid = [str(u) for u in uid] if uid is not None else self.group  # pg_status's key (need not be the name)
+
+    def columns(self) -> dict[str, Any]:
+        """The per-op columns of the entry table (`count` rows each)."""
+        v = self.values
+        op = np.asarray(self.op, dtype=object)
+        site, stack = _sites(v.get("frames"), self.count)
+        in_shapes = text_column(v.get("input_sizes", [None] * self.count))
+        out_shapes = text_column(v.get("output_sizes", [None] * self.count))
+        in_dtypes = text_column(v.get("input_dtypes", [None] * self.count), _torch_dtypes)
+        out_dtypes = text_column(v.get("output_dtypes", [None] * self.count), _torch_dtypes)
+        # a coalesced block's closing marker (`nccl:coalesced`, fr_trace's `ALLGATHER_coalesced` with `[[]]` sizes)
+        # carries no tensors of its own: its empty sizes are not a payload to compare
+        marker = np.char.endswith(op.astype(str), "coalesced") & _blank(in_shapes) & _blank(out_shapes)
+        if marker.any():
+            in_shapes, out_shapes, in_dtypes, out_dtypes = (_drop(c, marker) for c in (in_shapes, out_shapes, in_dtypes, out_dtypes))
+        thread = v.get("thread_name")
+        return {
+            "group": np.asarray(self.group, dtype=object),
+            "kind": np.where(self.is_p2p, "p2p", "coll").astype(object),
+            "op": op,
+            "api": np.full(self.count, "torch_fr", dtype=object),
+            "peer": self.peer,
+            "in_shapes": in_shapes,
+            "out_shapes": out_shapes,
+            "in_dtypes": in_dtypes,
+            "out_dtypes": out_dtypes,
+            "is_async": np.zeros(self.count, dtype=bool),
+            "thread": np.asarray(thread, dtype=object) if thread is not None else None,
+            "site": site,
+            "stack": stack,
+            "source": np.full(self.count, "torch_fr", dtype=object),
+        }
+
+
+def _numbered(values: list[Any]) -> np.ndarray:
+    """0..k-1 per distinct value, in order of first appearance (a few dozen ops: a dict beats pandas)."""
+    index: dict[Any, int] = {}
+    return np.asarray([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+
+
+class _state_codes:  # noqa: N801 - reads as a function at its call site
+    """The `state` field (`scheduled`, `started`, `completed`) factorised once."""
+
+    def __init__(self, values: Sequence[Any] | None) -> None:
+        arr = np.empty(len(values) if values is not None else 0, dtype=object)
+        if values is not None:
+            arr[:] = list(values)
+        codes, uniques = pd.factorize(arr)
+        self.codes = codes
+        self.text = [str(u) for u in uniques]
+
+    def any_event(self) -> bool:
+        return any(t in ("started", "completed") for t in self.text)
+
+    def completed(self) -> np.ndarray:
+        table = np.asarray([t == "completed" for t in self.text] + [False], dtype=bool)
+        return table[self.codes]
+
+    def mapped(self) -> np.ndarray:
+        table = np.asarray([STATE_MAP.get(t, "unknown") for t in self.text] + ["unknown"], dtype=object)
+        return table[self.codes]
+
+
+def _pair_seq(pair: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-pair sequence numbers of send/recv rows (k-th send a->b pairs with the k-th recv b<-a), and
-    which rows were anchored.
+    which rows were anchored. `pair`: each row's (group, op, peer) as one id.
 
     Counting from the oldest entry kept breaks once the ring wrapped: the two sides dropped different
     numbers of older ops. A completed transfer completed on both sides, so each side's last completed
@@ -258,30 +374,54 @@ def _pair_seq(p2p: pd.DataFrame, done: np.ndarray) -> tuple[np.ndarray, np.ndarr
     two sides up whatever each ring dropped. A pair with nothing completed on record (or a recorder
     that cannot see completion) is counted from its oldest entry kept.
     """
-    keys = [p2p["group"], p2p["op"], p2p["peer"]]
-    position = p2p.groupby(keys, sort=False).cumcount().to_numpy() + 1
-    last_done = pd.Series(np.where(done, position, 0), index=p2p.index).groupby(keys, sort=False).transform("max")
-    anchor = last_done.to_numpy()
+    position = _cumcount(pair) + 1
+    last_done = np.zeros(int(pair.max()) + 1, dtype=np.int64)
+    np.maximum.at(last_done, pair, np.where(done, position, 0))
+    anchor = last_done[pair]
     anchored = anchor > 0
     return np.where(anchored, PAIR_ANCHOR + position - anchor, position), anchored
 
 
-def _ints(values: pd.Series) -> pd.Series:
+def _cumcount(key: np.ndarray) -> np.ndarray:
+    """Each row's position (from 0) among the earlier rows with its key."""
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    first = np.ones(len(key), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    starts = np.flatnonzero(first)
+    position = np.arange(len(key)) - starts[np.cumsum(first) - 1]
+    out = np.empty(len(key), dtype=np.int64)
+    out[order] = position
+    return out
+
+
+def _ints(values: Sequence[Any] | None, n: int) -> np.ndarray:
     """An id column as int64 (-1 where missing); JSON dumps and PyTorch's tests may give numbers as strings."""
-    return pd.to_numeric(values, errors="coerce").fillna(-1).astype(np.int64)
+    if values is None:
+        return np.full(n, -1, dtype=np.int64)
+    try:
+        return np.fromiter(values, dtype=np.int64, count=n)
+    except (TypeError, ValueError, OverflowError):
+        return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").fillna(-1).astype(np.int64).to_numpy()
 
 
-def _flags(values: pd.Series) -> pd.Series:
+def _flags(values: Sequence[Any]) -> np.ndarray:
     """A boolean field as bools (missing = False); hand-built JSON may spell them "true"/"1"."""
-    if values.dtype == bool:
-        return values
-    text = values.astype(str).str.lower()
-    return text.isin(("true", "1", "1.0"))
+    try:
+        plain = BOOLS.issuperset(values)
+    except TypeError:
+        plain = False
+    if plain:
+        return np.fromiter(values, dtype=bool, count=len(values))
+    return np.asarray([str(v).lower() in ("true", "1", "1.0") for v in values], dtype=bool)
+
+
+BOOLS = frozenset((True, False))
 
 
 def _group_seq(
-    raw: pd.Series, group: pd.Series, is_p2p: pd.Series, recorder: str, wrapped: bool, notes: list[str]
-) -> pd.Series:
+    raw: np.ndarray, group: np.ndarray, is_p2p: np.ndarray, recorder: str, wrapped: bool, notes: list[str]
+) -> np.ndarray:
     """Per-group collective sequence numbers, from 1 (flightrec's 0 means "no sequence").
 
     PyTorch's NCCL/gloo and torch_npu count each group's collectives from 1. torchcomms counts every op of
@@ -290,68 +430,85 @@ def _group_seq(
     which holds while the ring has not wrapped; after a wrap the raw counter + 1 is the best left).
     """
     coll = ~is_p2p & (raw >= 0)
-    seq = raw.where(coll, -1)
+    seq = np.where(coll, raw, -1)
     if recorder != TORCHCOMMS and not bool(((raw == 0) & coll).any()):
         return seq
-    if recorder == TORCHCOMMS and group[coll].nunique() > 1:
+    if recorder == TORCHCOMMS and len(np.unique(group[coll])) > 1:
         if not wrapped:
-            dense = raw[coll].groupby(group[coll]).rank(method="dense").astype(np.int64)
-            seq.loc[dense.index] = dense
+            rows = np.flatnonzero(coll)
+            seq[rows] = _dense_rank(group[rows], raw[rows])
             return seq
         notes.append(NOTE_TORCHCOMMS_SEQ)
-    return seq.where(~coll, raw + 1)
+    return np.where(coll, raw + 1, seq)
 
 
-def _no_events(df: pd.DataFrame, states: pd.Series) -> bool:
-    """True when the recorder saw no device event at all (gloo, torchcomms on CPU): every entry is
-    `scheduled` and no discovery time was set, so only `retired` and pg_status say what finished."""
-    if "retired" not in df.columns or bool(states.isin(("started", "completed")).any()):
-        return False
-    for col in ("time_discovered_started_ns", "time_discovered_completed_ns"):
-        if col in df.columns and bool((pd.to_numeric(df[col], errors="coerce").fillna(0) > 0).any()):
-            return False
-    return True
+def _dense_rank(group: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Rank (from 1, ties equal, no gaps) of each value among its group's values."""
+    order = np.lexsort((value, group))
+    g, v = group[order], value[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    new = first.copy()
+    new[1:] |= v[1:] != v[:-1]
+    count = np.cumsum(new)
+    out = np.empty(len(order), dtype=np.int64)
+    out[order] = count - count[first][np.cumsum(first) - 1] + 1
+    return out
 
 
-def _blank(coded: Any) -> pd.Series:
+def _blank(coded: Coded) -> np.ndarray:
     """Rows whose size list is empty (`[]`, `[[]]`) or absent."""
     empty = np.asarray([c.replace(" ", "") in ("[]", "[[]]", "") for c in coded.cats] + [True], dtype=bool)
-    return pd.Series(empty[np.where(coded.codes >= 0, coded.codes, len(coded.cats))])
+    return empty[np.where(coded.codes >= 0, coded.codes, len(coded.cats))]
 
 
-def _drop(coded: Any, rows: np.ndarray) -> Any:
+def _drop(coded: Coded, rows: np.ndarray) -> Coded:
     """`coded` with the given rows set to missing."""
-    return type(coded)(np.where(rows, -1, coded.codes).astype(coded.codes.dtype), coded.cats)
+    return Coded(np.where(rows, -1, coded.codes).astype(coded.codes.dtype), coded.cats)
 
 
-def _retired_state(
-    df: pd.DataFrame, group: pd.Series, op_id: pd.Series, pg_status: dict[str, dict[str, int]] | None
-) -> pd.Series:
+def _retired_state(ops: _Ops, op_id: np.ndarray, pg_status: dict[str, dict[str, int]] | None) -> np.ndarray:
     """Without device events: an op is pending when not `retired`, or when pg_status has not seen it complete."""
-    retired = _flags(df["retired"]) if "retired" in df.columns else pd.Series(True, index=df.index)
-    pending = ~retired
+    retired = ops.get("retired")
+    pending = ~_flags(retired) if retired is not None else np.zeros(len(op_id), dtype=bool)
     if pg_status:  # keyed by the backend's pg uid (`pg_id`), which need not equal the group name
-        uid = df["pg_id"].astype(str) if "pg_id" in df.columns else group
-        last = uid.map({k: v.get("last_completed_collective", -1) for k, v in pg_status.items()})
-        pending |= last.notna() & (op_id > last.fillna(np.iinfo(np.int64).max))
-    return pd.Series(np.where(pending, STARTED, COMPLETED), index=df.index)
+        last = [pg_status[u].get("last_completed_collective", -1) if u in pg_status else None for u in ops.templates.uid]
+        known = np.asarray([x is not None for x in last], dtype=bool)[ops.codes]
+        limit = np.asarray([x if x is not None else -1 for x in last], dtype=np.int64)[ops.codes]
+        pending |= known & (op_id > limit)
+    return np.where(pending, STARTED, COMPLETED).astype(object)
 
 
-def _recorder(obj: dict[str, Any], df: pd.DataFrame) -> str:
+def _recorder(obj: dict[str, Any], process_groups: Sequence[Any]) -> str:
     """Which recorder wrote the dump: they share PyTorch's schema but differ in what their fields mean."""
     cfg = obj.get("pg_config") if isinstance(obj.get("pg_config"), dict) else {}
     names = [str(k) for k in cfg]
-    descs: list[str] = []
-    if "process_group" in df.columns:
-        pairs = df["process_group"].drop_duplicates()
-        names += [str(p[0]) for p in pairs if isinstance(p, (list, tuple)) and p]
-        descs = [str(p[1]) for p in pairs if isinstance(p, (list, tuple)) and len(p) > 1]
+    pairs = _distinct_pairs(process_groups)
+    names += [str(p[0]) for p in pairs]
+    descs = [str(p[1]) for p in pairs if len(p) > 1]
     if "hccl_comm_state" in obj or any(n.startswith("group_name_") for n in names):
         return TORCH_NPU
     bare = [v.get("ranks") for v in cfg.values() if isinstance(v, dict) and isinstance(v.get("ranks"), str)]
     if any(r and not r.lstrip().startswith("[") for r in bare) or (descs and all(d in BACKEND_NAMES for d in descs)):
         return TORCHCOMMS  # comma-separated ranks, and the backend as every group's desc
     return PYTORCH
+
+
+def _distinct_pairs(values: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The distinct `process_group` values that are [name, desc] pairs, each once (deduplicated in C)."""
+    try:
+        distinct = list(dict.fromkeys(values))  # pickles: tuples
+    except TypeError:
+        try:
+            distinct = list(dict.fromkeys(map(tuple, values)))  # JSON: lists
+        except TypeError:
+            distinct = [v for v in values if isinstance(v, (list, tuple))]
+    return [tuple(p) for p in distinct if _is_pair(p)]
+
+
+def _is_pair(value: Any) -> bool:
+    """A `process_group` value as recorders write it: [name, desc] (a list in JSON, a tuple in pickles)."""
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, (str, int)) for v in value)
 
 
 def _default_group(groups: list[GroupInfo], meta: dict[str, Any]) -> None:
@@ -363,112 +520,59 @@ def _default_group(groups: list[GroupInfo], meta: dict[str, Any]) -> None:
                 meta["world_size"] = len(g.ranks)
 
 
-def _global_peers(group: pd.Series, local: pd.Series, is_p2p: pd.Series, groups: list[GroupInfo]) -> pd.Series:
-    """Group-local peer numbers of `send a->b` / `recv a<-b` to global ranks (-1 when unknown)."""
-    peer = pd.Series(-1, index=group.index, dtype=np.int64)
-    members = {g.name: g.ranks for g in groups}
-    for name in group[is_p2p].unique():
-        rows = is_p2p & (group == name) & local.notna()
-        loc = local[rows].astype(np.int64).to_numpy()
+def _global_peers(group: list[str], local: list[str | None], is_p2p: np.ndarray, groups: list[GroupInfo]) -> np.ndarray:
+    """Group-local peer numbers of `send a->b` / `recv a<-b` to global ranks (-1 when unknown), per op."""
+    members = {g.name: sorted(g.ranks) if g.ranks else None for g in groups}
+    peer = np.full(len(group), -1, dtype=np.int64)
+    for i, (name, b) in enumerate(zip(group, local, strict=True)):
+        if not is_p2p[i] or b is None:
+            continue
         ranks = members.get(name)
         if ranks:
-            table = np.asarray(sorted(ranks), dtype=np.int64)
-            ok = loc < len(table)
-            peer.loc[rows[rows].index[ok]] = table[loc[ok]]
+            peer[i] = ranks[int(b)] if int(b) < len(ranks) else -1
         elif name in DEFAULT_GROUP_NAMES:
-            peer.loc[rows] = loc
+            peer[i] = int(b)
     return peer
 
 
-class _Templates:
-    """The distinct ops of a ring (group, name, sizes, dtypes, frames): a 2,000-entry ring repeats a few
-    dozen, so each is parsed and formatted once and the rows take the results by code. One serialised key
-    per row (C speed) groups them."""
-
-    FIELDS = ("process_group", "profiling_name", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes",
-              "frames")
-
-    def __init__(self, df: pd.DataFrame) -> None:
-        self.fields = [f for f in self.FIELDS if f in df.columns]
-        arrays = [df[f].to_numpy(dtype=object) for f in self.fields]
-        rows = np.empty(len(df), dtype=object)
-        rows[:] = list(zip(*arrays, strict=True))
-        codes, uniques = pd.factorize(serialised_keys(rows))
-        self.codes = codes
-        self.first = first_rows(codes)
-        self.columns = {f: a[self.first] for f, a in zip(self.fields, arrays, strict=True)}
-        self.n = len(uniques)
-
-    def unique(self, field: str) -> pd.Series:
-        """The field's value of each distinct op (None where the format has no such field)."""
-        values = self.columns.get(field)
-        return pd.Series(values if values is not None else [None] * self.n, dtype=object)
-
-    def take(self, per_op: np.ndarray) -> np.ndarray:
-        return np.asarray(per_op, dtype=object)[self.codes]
-
-    def take_coded(self, per_op: Any) -> Any:
-        return type(per_op)(per_op.codes[self.codes], per_op.cats)
-
-
-def _group_names(pairs: pd.Series) -> pd.Series:
-    """The group name of each entry's `process_group` ([name, desc]), each distinct pair read once."""
-    values = pairs.to_numpy(dtype=object)
-    try:
-        codes, uniques = pd.factorize(values)  # pickles: tuples
-    except TypeError:  # JSON: lists
-        codes, uniques = pd.factorize(serialised_keys(values))
-        uniques = [values[i] for i in first_rows(codes).tolist()]
-    names = np.array([str(p[0]) if isinstance(p, (list, tuple)) and p else "nan" for p in uniques] + ["nan"],
-                     dtype=object)
-    return pd.Series(names[np.where(codes >= 0, codes, len(uniques))], index=pairs.index, dtype=object)
-
-
-def _parse_names(names: pd.Series) -> pd.DataFrame:
-    """`profiling_name` split into backend, op and p2p endpoints: each distinct name parsed once (a ring
-    repeats a few dozen names), the rows taken by code."""
-    codes, uniques = pd.factorize(names.fillna("").astype(str).to_numpy(dtype=object))
-    parsed = pd.Series(uniques, dtype=object).str.extract(PROFILING_NAME)
-    return parsed.iloc[np.where(codes >= 0, codes, 0)].reset_index(drop=True)
-
-
-def _sites(frames: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Call site (innermost frame outside torch) and stack (outermost first) per entry.
-
-    Each distinct list of frames is formatted once: rows are grouped by their frames' serialised bytes
-    (C speed), so a 2,000-entry ring of a few dozen call sites costs a few dozen formattings.
-    """
-    values = frames.to_numpy(dtype=object)
-    codes, uniques = pd.factorize(serialised_keys(values))
-    site = np.empty(len(uniques), dtype=object)
-    stack = np.empty(len(uniques), dtype=object)
-    for i, row in enumerate(first_rows(codes).tolist()):
-        fr = values[row]
+def _sites(frames: list[Any] | None, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Call site (innermost frame outside torch) and stack (outermost first) per op."""
+    site = np.empty(count, dtype=object)
+    stack = np.empty(count, dtype=object)
+    for i, fr in enumerate(frames or []):
         if not isinstance(fr, list) or not fr:
             continue
         lines = [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}" for f in fr if isinstance(f, dict)]
         site[i] = next((ln for ln in lines if "/torch/" not in ln and "typing_extensions" not in ln),
                        lines[0] if lines else None)
         stack[i] = lines[::-1]
-    return site[codes], stack[codes]
+    return site, stack
 
 
-def _ns(values: Any) -> Any:
-    """Nanosecond column; PyTorch writes 0 (JSON) or None (pickle) for 'not observed'."""
+def _ns(values: Sequence[Any] | None, n: int) -> Any:
+    """Nanosecond column (Int64, never through a float: ns > 2^53); PyTorch writes 0 (JSON) or None
+    (pickle) for 'not observed'."""
     if values is None:
-        return None
-    arr = pd.array(pd.Series(values, dtype=object), dtype="Int64")
-    arr[arr <= 0] = pd.NA
-    return arr
+        return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+    try:  # no nulls: straight into numpy
+        ints = np.fromiter(values, dtype=np.int64, count=n)
+        return pd.arrays.IntegerArray(ints, ints <= 0)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    arr = np.empty(n, dtype=object)
+    arr[:] = values
+    missing = arr == None  # noqa: E711 - elementwise, in C
+    try:
+        ints = np.where(missing, 0, arr).astype(np.int64)
+    except (TypeError, ValueError, OverflowError):  # text in hand-built JSON
+        number = pd.to_numeric(pd.Series(arr), errors="coerce")
+        missing = number.isna().to_numpy()
+        ints = number.fillna(0).astype(np.int64).to_numpy()
+    return pd.arrays.IntegerArray(ints, missing | (ints <= 0))
 
 
 def _torch_dtypes(text: str) -> str:
     return ",".join(TORCH_DTYPE_NAMES.get(t, t) for t in dtype_text(text).split(",") if t)
-
-
-def _entry_groups(df: pd.DataFrame) -> dict[str, str]:
-    pairs = df["process_group"].drop_duplicates()
-    return {str(p[0]): str(p[1]) if len(p) > 1 else "" for p in pairs}
 
 
 def _pg_config_groups(cfg: Any, own_rank: int | None = None) -> list[GroupInfo]:
@@ -490,12 +594,23 @@ def _pg_config_groups(cfg: Any, own_rank: int | None = None) -> list[GroupInfo]:
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:
     """`"[0, 1]"` (PyTorch, torch_npu), `"0,1"` (torchcomms) or a list; None when absent or odd."""
     if isinstance(value, str):
-        text = value.strip()
-        try:
-            value = json.loads(text if text.startswith("[") else f"[{text}]")
-        except ValueError:
-            return None
-    if isinstance(value, list) and value and all(isinstance(r, int) and 0 <= r < MAX_RANKS for r in value):
+        return _ranks_text(value)
+    return _rank_tuple(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ranks_text(text: str) -> tuple[int, ...] | None:
+    """Cached: every rank's dump spells the world group's 16,384 members the same way, and a worker
+    reads hundreds of them (the same tuple back also lets the loader share it without hashing it)."""
+    text = text.strip()
+    try:
+        return _rank_tuple(json.loads(text if text.startswith("[") else f"[{text}]"))
+    except ValueError:
+        return None
+
+
+def _rank_tuple(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list) and value and set(map(type, value)) == {int} and 0 <= min(value) and max(value) < MAX_RANKS:
         return tuple(value)
     return None
 
