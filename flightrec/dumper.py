@@ -131,7 +131,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
     fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
     measured = _enrich_cpp_entries(entries, fr, wall_ns - mono_ns)
-    groups = rec.groups.table()
+    groups = rec.groups.table(referenced={e.group for e in entries})
     columns, templates = to_tables(entries, measured)
     local_rank = os.environ.get("LOCAL_RANK")
     return {

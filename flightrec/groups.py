@@ -9,12 +9,14 @@ recorded op explains is one or more C++ collectives.
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
-from . import peek
+from . import log, peek
 from .members import compact_ranks
 from .storage import c_base
 
@@ -65,13 +67,6 @@ class GroupState(_Storage):  # type: ignore[misc, valid-type]
             self.read_seq = _no_sequence_number
             return -1
 
-    def continue_from(self, previous: GroupState) -> None:
-        """A new group under a name PyTorch reused: number on from the destroyed one's counters."""
-        self.coll_seq += previous.coll_seq
-        for mine, theirs in ((self.sent, previous.sent), (self.received, previous.received)):
-            for peer, count in theirs.items():
-                mine[peer] = mine.get(peer, 0) + count
-
     def release(self) -> None:
         """Drop the ProcessGroup (destroyed): nothing of ours may keep its sockets alive."""
         self.pg = None
@@ -116,17 +111,27 @@ class GroupRegistry:
     A destroyed group is let go at once (`destroy_process_group` is wrapped): holding its
     ProcessGroup keeps its sockets open, and PyTorch reuses group names (hashed names of
     `use_local_synchronization`, or "0", "1", ... after a full re-init), so a kept-alive group makes
-    the next group of that name hang in its rendezvous. What stays is its table row (for entries
-    still in the ring) and its counters: a later group of the same name continues the numbering,
-    so (group, seq) stays unique and identical on every member.
+    the next group of that name hang in its rendezvous.
+
+    When this rank next creates a group, the destroyed ones are renamed `<name>@<digest of its
+    members>` (`.2`, `.3` when the same members reuse the name again), in their table rows and in the
+    entries still in the ring, and a later group of the same name numbers from 1. Why: that group may
+    have other members, and a member that never saw the old group can only count from 1; every member
+    of the old group renames it alike (same name, members and history). Not at the destroy itself: a
+    rank that leaves (`destroy_process_group()` before exit) must keep the names its hung peers still
+    use. Creating a group is a call every rank makes (or, for `use_local_synchronization`, every
+    member: the only ranks that can reuse its hashed name).
     """
 
-    def __init__(self, max_retired: int = 1024) -> None:
+    def __init__(self, max_retired: int = 1024, relabel: Callable[[str, str], None] | None = None) -> None:
         self.by_pg: dict[Any, GroupState | None] = {}
-        self.retired: dict[str, GroupState] = {}  # by name, oldest first, at most max_retired
+        self.retired: dict[str, GroupState] = {}  # by name (label once renamed), oldest first, at most max_retired
+        self.unlabeled: list[GroupState] = []  # destroyed, not renamed yet
         self.max_retired = max_retired
+        self.relabel = relabel  # (name, label): rename the ring's entries of a destroyed group
+        self._incarnations: dict[tuple[str, str], int] = {}  # (name, digest) -> times retired
         # taken only on a miss (a group seen for the first time) and by discover(): the training
-        # thread and the watchdog must not both describe one group and inherit its counters twice
+        # thread and the watchdog must not both describe one group and retire a namesake twice
         self._lock = threading.RLock()
 
     def get(self, pg: Any) -> GroupState | None:
@@ -138,21 +143,23 @@ class GroupRegistry:
             if pg in self.by_pg:
                 return self.by_pg[pg]
             state = describe_group(pg)
-            if state is not None:
-                previous = self.retired.pop(state.name, None)
-                if previous is not None:
-                    state.continue_from(previous)
+            if state is not None:  # a namesake: destroyed, whether we saw it go or not
+                for other_pg, other in list(self.by_pg.items()):
+                    if other is not None and other.name == state.name:
+                        self._retire(other_pg)
+                if any(g.name == state.name for g in self.unlabeled):
+                    self.relabel_retired()
             self.by_pg[pg] = state
             return state
 
     def known(self) -> list[GroupState]:
         return [g for g in list(self.by_pg.values()) if g is not None]
 
-    def table(self) -> list[dict[str, object]]:
-        """Rows of live groups, then of destroyed ones whose entries may still be in the ring."""
+    def table(self, referenced: set[str] | None = None) -> list[dict[str, object]]:
+        """Rows of live groups, then of destroyed ones (only those `referenced` by entries, when given)."""
         live = [g.table_row() for g in self.known()]
-        names = {row["name"] for row in live}
-        return live + [g.table_row() for g in list(self.retired.values()) if g.name not in names]
+        retired = [g for g in list(self.retired.values()) if referenced is None or g.name in referenced]
+        return live + [g.table_row() for g in retired]
 
     def discover(self) -> None:
         """Register every group this process created (C++ ops can run on groups Python never used),
@@ -180,8 +187,32 @@ class GroupRegistry:
         state.release()
         self.retired.pop(state.name, None)
         self.retired[state.name] = state
+        self.unlabeled.append(state)
+        del self.unlabeled[: -self.max_retired]
         while len(self.retired) > self.max_retired:
             del self.retired[next(iter(self.retired))]
+
+    def relabel_retired(self) -> None:
+        """Rename the groups destroyed since the last call (this rank is creating a group)."""
+        with self._lock:
+            for state in self.unlabeled:
+                label = self._label(state)
+                if self.relabel is not None:
+                    try:
+                        self.relabel(state.name, label)
+                    except Exception as exc:  # noqa: BLE001 - a recorder bug must not break group creation
+                        log.warn_once("relabel", f"could not rename the entries of destroyed group {state.name!r}: {exc!r}")
+                if self.retired.get(state.name) is state:
+                    del self.retired[state.name]
+                state.name = label
+                self.retired[label] = state
+            self.unlabeled.clear()
+
+    def _label(self, state: GroupState) -> str:
+        """`<name>@<digest of the members>`, `.k` from the k-th time these members retire this name."""
+        digest = hashlib.sha1(",".join(map(str, state.ranks)).encode()).hexdigest()[:8]
+        count = self._incarnations[(state.name, digest)] = self._incarnations.get((state.name, digest), 0) + 1
+        return f"{state.name}@{digest}" + (f".{count}" if count > 1 else "")
 
     def live(self) -> list[GroupState]:
         """Known groups that still exist (a destroyed group must not be asked for its counter)."""
@@ -194,3 +225,4 @@ class GroupRegistry:
     def clear(self) -> None:
         self.by_pg.clear()
         self.retired.clear()
+        self.unlabeled.clear()

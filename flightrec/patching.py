@@ -200,6 +200,11 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
                 rec.scan_cpp_ops()
             except Exception as exc:  # noqa: BLE001
                 log.warn_once("final-scan", f"could not count the last C++-issued ops: {exc!r}")
+        if not destroys and rec.active:
+            try:  # destroyed groups take their labels before a group that may reuse a name exists
+                rec.groups.relabel_retired()
+            except Exception as exc:  # noqa: BLE001
+                log.warn_once("relabel", f"could not rename destroyed process groups: {exc!r}")
         result = original(*args, **kwargs)
         if rec.active:
             try:

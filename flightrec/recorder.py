@@ -83,7 +83,7 @@ class Recorder:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.ring: Ring[Entry] = Ring(settings.buffer)
-        self.groups = GroupRegistry()
+        self.groups = GroupRegistry(relabel=self._relabel_group)
         self.pending: dict[int, Entry] = {}
         # Both are polled by the watchdog (Work.is_completed) for ops nobody waits on.
         self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
@@ -450,6 +450,12 @@ class Recorder:
             if isinstance(entry, Entry):
                 found[entry.id] = entry
         return [e for e in found.values() if e.pending]
+
+    def _relabel_group(self, name: str, label: str) -> None:
+        """A destroyed group's entries take its new label (groups.GroupRegistry: why)."""
+        for entry in self.ring.snapshot() + self.in_flight() + list(self.cpp_open):
+            if entry.group == name:
+                entry.group = label
 
     def entries(self) -> list[Entry]:
         items = self.ring.snapshot()

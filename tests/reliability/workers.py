@@ -246,3 +246,40 @@ def a_thousand_groups(rank: int, world_size: int, port: int, out: str, result: s
     _save(f"{result}.{rank}", {"path": path, "created_s": created_s, "live": len(registry.known()),
                                "pending": len(control.current().recorder.in_flight())})
     dist.destroy_process_group()
+
+
+def group_name_reused_by_other_members(rank: int, world_size: int, port: int, out: str, second_port: int) -> None:
+    """Group "1" = [0, 1] runs three all-reduces; the job re-initialises (PyTorch numbers groups from "0"
+    again), so group "1" is now [1, 2]: one all-reduce completes, then rank 2 stalls in compute while
+    rank 1 waits in the second. Rank 1 saw the old group, rank 2 did not."""
+    assert flightrec.enable(dir=out, timeout_s=3)
+    init_rank(rank, world_size, port)
+    old = dist.new_group([0, 1])
+    if rank in (0, 1):
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4), group=old)
+    dist.barrier()
+    dist.destroy_process_group()
+    init_rank(rank, world_size, second_port)
+    new = dist.new_group([1, 2])
+    if rank == 1:
+        assert new.group_name == old.group_name, (new.group_name, old.group_name)  # PyTorch reused the name
+    if rank in (1, 2):
+        dist.all_reduce(torch.ones(4), group=new)
+        if rank == 2:
+            _until_dumped(out, world_size)  # stalled in compute: the culprit
+        else:
+            threading.Thread(target=_until_dumped, args=(out, world_size), daemon=True).start()
+            dist.all_reduce(torch.ones(4), group=new)
+    _until_dumped(out, world_size)
+
+
+def _until_dumped(out: str, world_size: int, limit_s: float = 30.0) -> None:
+    """Idle until every rank's dump is written, then leave at once (a hung collective never returns)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if all(os.path.exists(os.path.join(out, f"rank-{r:05d}.json.gz")) for r in range(world_size)):
+            time.sleep(0.5)  # let the last writer finish its rename and log
+            break
+        time.sleep(0.1)
+    os._exit(0)
