@@ -118,7 +118,7 @@ def match(entries: pd.DataFrame, members: dict[str, tuple[int, ...]], transfers:
     notes: list[str] = []
     positions = collective_positions(entries, members)
     mismatches = _collective_mismatches(positions)
-    shifts = _settle_ties(mismatches, positions)
+    shifts = _settle_ties(mismatches, positions, entries)
     by_site, site_shifts = _site_shifts(entries, positions, members, {m.group for m in mismatches})
     mismatches, shifts = mismatches + by_site, shifts + site_shifts
     mismatches += _p2p_mismatches(entries, pair_transfers(entries) if transfers is None else transfers)
@@ -264,7 +264,16 @@ def _minority(group: str, seq: int, name: str, part: pd.DataFrame) -> Mismatch:
     )
 
 
-def _settle_ties(mismatches: list[Mismatch], pos: pd.DataFrame) -> list[Shift]:
+def _pending_where(entries: pd.DataFrame) -> dict[int, set[str]]:
+    """Per rank, the groups of its ops not completed (few rows: the ops ranks are stuck in)."""
+    open_ = entries.loc[~entries["state"].isin(("completed",)).to_numpy(), ["rank", "group"]].drop_duplicates()
+    out: dict[int, set[str]] = {}
+    for rank, group in zip(open_["rank"].tolist(), open_["group"].astype(str).tolist(), strict=True):
+        out.setdefault(int(rank), set()).add(group)
+    return out
+
+
+def _settle_ties(mismatches: list[Mismatch], pos: pd.DataFrame, entries: pd.DataFrame) -> list[Shift]:
     """Name the culprits of positions with no majority from the op streams, never from rank numbers.
 
     Why: with two ranks (or two equal camps) "the majority" does not exist, and taking the lowest rank's
@@ -274,10 +283,11 @@ def _settle_ties(mismatches: list[Mismatch], pos: pd.DataFrame) -> list[Shift]:
     Where no shift explains the streams, every rank of the position is named and the mismatch says so.
     """
     ties = sorted((m for m in mismatches if m.kind == "coll" and m.tie), key=lambda m: (m.group, m.seq))
+    pending = _pending_where(entries) if ties else {}
     decided: dict[str, Shift | None] = {}
     for m in ties:  # one per tied position: few
         if m.group not in decided:
-            decided[m.group] = _align(pos, m)
+            decided[m.group] = _align(pos, m, pending)
     for m in ties:
         camps = [sorted(rs) for rs in m.values.values()]
         shift = decided.get(m.group)
@@ -298,13 +308,15 @@ def _settle_ties(mismatches: list[Mismatch], pos: pd.DataFrame) -> list[Shift]:
     return [s for s in decided.values() if s is not None]
 
 
-def _align(pos: pd.DataFrame, m: Mismatch) -> Shift | None:
+def _align(pos: pd.DataFrame, m: Mismatch, pending: dict[int, set[str]]) -> Shift | None:
     """The camp of the tied position `m` whose op stream has one extra op there, if exactly one does.
 
     A camp C diverged when (1) every C rank's ops after `m.seq` equal the other camp's ops one position
     earlier, (2) the other camp agrees with itself from `m.seq` on, and (3) every C rank issued exactly
     one op more in the group (its last seq is one past theirs): an inserted op, not a swapped one. With
     more than two camps one extra op cannot explain the position (the others disagree among themselves).
+    (4) No rank of the other camp is stuck in an op of another group: such a rank may simply not have
+    reached its next op here yet, so its stream being one op shorter proves nothing.
     """
     camps = [sorted(rs) for rs in m.values.values()]
     if len(camps) != 2:
@@ -323,6 +335,8 @@ def _align(pos: pd.DataFrame, m: Mismatch) -> Shift | None:
     at = {int(r): i for i, r in enumerate(ranks)}
 
     def diverged(camp: list[int], other: list[int]) -> bool:
+        if any(pending.get(r, set()) - {m.group} for r in other):
+            return False
         lasts_c, lasts_o = {int(last[at[r]]) for r in camp}, {int(last[at[r]]) for r in other}
         if len(lasts_o) != 1 or lasts_c != {next(iter(lasts_o)) + 1}:
             return False

@@ -26,9 +26,6 @@ TORCH_SEEDS = max(len(sim.FAULT_KINDS), SEEDS * 3 // 10)
 
 # Known analyzer defects (issue 21): (format, kind) -> (why, seeds where it shows). Remove an entry once fixed.
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, tuple[int, ...]]] = {
-    ("flightrec", "completed_mismatch"): (
-        "a reduce-op disagreement that completed between two camps of equal size (no majority) is not reported",
-        (142, 196)),
     ("flightrec", "two_faults"): (
         "a crash hides a stalled rank that the launcher then terminated (told apart from a victim only by time)",
         (1797,)),
