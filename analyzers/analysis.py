@@ -39,7 +39,7 @@ from .matching import MatchResult, match
 from .memory import release_free_memory
 from .rankdump import RankDump
 from .stragglers import SlowResult, find_slow
-from .textutil import plural, ranges
+from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
 from .waits import R_NO_DUMP, R_STALE, R_UNREADABLE, WaitResult, find_waits
 
 NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
@@ -273,10 +273,11 @@ class Analysis:
         n_wait = len([w for w in self._waits.waits.values() if w.targets])
         if verdict == SLOW:
             worst = self.slow.stragglers[0]
-            return (f"slow: rank {worst['rank']} is a straggler, {worst['late_ms_median']:.2f} ms late (median) "
-                    f"and held the others up in {worst['votes']} of {worst['collectives']} ops"
-                    + (f" on {worst['channels'][0]}" if worst.get("channels") else "")
-                    + (f"; the whole {worst['scope']} is slow" if worst.get("scope", "rank") != "rank" else ""))
+            more = len(self.slow.stragglers) - 1
+            return (f"slow: rank {worst['rank']} cost the others {straggler_cost(worst)} ({straggler_pattern(worst)})"
+                    + (f" on {channel_text(worst['channels'][0])}" if worst.get("channels") else "")
+                    + (f"; the whole {worst['scope']} is slow" if worst.get("scope", "rank") != "rank" else "")
+                    + (f"; {plural(more, 'more slow rank')}" if more else ""))
         if verdict == HEALTHY:
             return f"healthy: no rank is waiting ({plural(len(self.dumps), 'rank')} dumped)"
         if verdict == INCONCLUSIVE and self._only_unreadable:

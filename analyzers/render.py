@@ -12,7 +12,7 @@ from typing import Any
 import networkx as nx
 import pandas as pd
 
-from .textutil import plural, ranges
+from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
 
 MAX_CHAIN_LINES = 20
 MAX_LIST = 20
@@ -54,9 +54,9 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
         if len(report["mismatches"]) > MAX_LIST:
             lines.append(f"  ... {len(report['mismatches']) - MAX_LIST} more (--format json lists all)")
     if report.get("stragglers"):
-        lines += ["", "stragglers (most suspect first):"]
-        lines += [f"  rank {s['rank']}: {s['late_ms_median']:.2f} ms late (median), held the others up in {s['votes']} of "
-                  f"{s['collectives']} ops, score {s['score']:.1f}, on {', '.join(s.get('channels') or s['groups']) or '-'}"
+        lines += ["", "stragglers (by what they cost the others, most first):"]
+        lines += [f"  rank {s['rank']}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
+                  f"on {', '.join(channel_text(c) for c in (s.get('channels') or s['groups'])) or '-'}"
                   + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else "")
                   for s in report["stragglers"]]
     if report.get("slow_links"):

@@ -21,14 +21,29 @@ import pandas as pd
 from .columns import Transfers, dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pack_keys, pair_transfers
 from .memory import release_free_memory
 
-MIN_SCORE = 3.5  # robust z-score a straggler must reach
+MIN_SCORE = 3.5  # robust z-score a persistent straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives
+# (of its transfers to one peer: a slow first pipeline stage is late on the send after its compute and
+# not on the one right after it, so half; its median own lateness must still reach MIN_LATE_MS)
+P2P_VOTE_SHARE = 0.5
 MIN_LATE_MS = 0.5  # ... by at least this much (median), so scheduler jitter never qualifies
 # Fewer complete instances than this (in all, or on a channel): no verdict on speed. At 5, a healthy
 # 4-rank job on a loaded host named a straggler that had the most own lateness in 3 of 5 ops (by
 # chance 1 in 10 per rank); 12 of 20 happens by chance 1 in 1,000 with 4 members.
 MIN_INSTANCES = 20
 SLOW_LINK_RATIO = 2.0
+# Cost: a rank whose own work held the others up for at least this share of the analysed window is
+# slow, however rarely (a 30 ms hiccup on every fourth 10 ms step costs the others ~40% of the job)...
+MIN_COST_PCT = 2.0
+MIN_COST_VOTES = 3  # ... in at least this many collectives (one long hiccup is a one-off, not a straggler)...
+NOISE_RATIO = 3.0  # ... and at least this many times the cost of a typical rank (its lower quartile)...
+MIN_VOTE_Z = 3.5  # ... holding the others up significantly more often than its share: where every rank
+# hiccups now and then at random, each holds them up about 1/size of the time (z: its excess in standard
+# deviations of that binomial count)
+PERSISTENT_SHARE = 0.6  # patterns: late in at least this share of its collectives
+ONE_OFF_SHARE = 0.8  # ... most of the cost from a single collective
+PERIODIC_SHARE = 0.75  # ... this share of the gaps between its late collectives equal one period
+SHOWN_INSTANCES = 10  # collectives listed per straggler
 # A gap between two blocking ops shorter than this is overhead, not compute: it could never make a
 # rank late enough to count, and as an instance's shortest gap, scheduler noise of a loaded host
 # (0.1-0.3 ms between a send and the next op) would credit every other member with its whole compute.
@@ -43,6 +58,7 @@ class SlowResult:
     links: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (src, dst) with transfers
     clock_offsets_ms: dict[int, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    window_ms: float | None = None  # the analysed window the stragglers' `cost_pct` is a share of
 
     @property
     def link_matrix(self) -> pd.DataFrame:
@@ -260,13 +276,15 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     done["instance"] = _int32(instance)
     done["channel"] = pd.Categorical.from_codes(channel, categories=labels)  # one label per (group, direction, peer)
     if not len(done):
-        return done.assign(late_ns=np.zeros(0, dtype="int64"), own_late_ns=np.zeros(0), last=np.zeros(0, dtype=bool))
+        return done.assign(late_ns=np.zeros(0, dtype="int64"), own_late_ns=np.zeros(0), gap_known=np.zeros(0, dtype=bool),
+                           last=np.zeros(0, dtype=bool))
     longest, shortest = _per_id(np.maximum, instance, duration), _per_id(np.minimum, instance, duration)
     late = longest - duration
     least_gap = _per_id(np.fmin, instance, gap)  # fmin: a rank's first op (gap NaN) does not hide the others'
     excess = np.clip(gap - least_gap, 0, None)
     done["late_ns"] = late
     done["own_late_ns"] = np.minimum(late, np.where(np.isnan(excess), np.inf, excess))
+    done["gap_known"] = ~np.isnan(gap)  # a rank's first op: start-up skew, not its own work, may explain it
     done["last"] = duration == shortest
     return done
 
@@ -319,9 +337,10 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
     }).sort_values(["rank", "channel"], kind="stable")  # (rank, channel) order, as a group-by gives
     per_channel = per_channel[per_channel["n"] >= MIN_INSTANCES]
     if per_channel.empty:
-        return pd.DataFrame(columns=["late_ms_median", "votes", "n", "vote_share", "score", "channels"])
+        return pd.DataFrame(columns=["late_ms_median", "votes", "n", "vote_share", "min_share", "score", "channels"])
     per_channel["vote_share"] = per_channel["votes"] / per_channel["n"]
-    per_channel["qualifies"] = (per_channel["late_ns"] / 1e6 >= MIN_LATE_MS) & (per_channel["vote_share"] >= MIN_VOTE_SHARE)
+    per_channel["min_share"] = np.where(_is_transfer(per_channel["channel"]), P2P_VOTE_SHARE, MIN_VOTE_SHARE)
+    per_channel["qualifies"] = (per_channel["late_ns"] / 1e6 >= MIN_LATE_MS) & (per_channel["vote_share"] >= per_channel["min_share"])
     # the worst channel that qualifies stands for the rank (else its worst): a slow stage late on
     # three channels must not be judged by the one where noise left it a vote short
     worst = per_channel.sort_values(["rank", "qualifies", "late_ns", "vote_share"], ascending=[True, False, False, False])
@@ -337,6 +356,105 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
         "rank", sort=False)["channel"].agg(list)
     per["channels"] = per["channels"].apply(lambda c: c if isinstance(c, list) else [])
     return per
+
+
+def rank_costs(lateness: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: what its own work cost the others (`cost_ns`: the summed time it held up the
+    collectives and transfers where it had the most own lateness), in how many (`votes` of `n`),
+    the analysed window (`window_ns`), its pattern and the collectives involved.
+
+    Why cost and not a median: a rank 30 ms slow on every fourth step has a median lateness of zero,
+    yet the others wait for it a quarter of the time; two equally slow ranks each hold half the votes.
+    Counted over collectives only: on transfers a pipeline's fill and drain make some stage hold up
+    its neighbour in every step by design (the bubble), which is no rank's fault; slow stages are
+    found by their share of a transfer channel (rank_scores).
+    """
+    cols = ["cost_ns", "votes", "n", "window_ns", "late_ns_when_late", "vote_z"]
+    if lateness.empty:
+        return pd.DataFrame(columns=cols)
+    instance = lateness["instance"].to_numpy()
+    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
+    most = own == _per_id(np.maximum, instance, own)
+    vote = most & (own > 0) & (own >= 0.25 * late) & ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
+    held = np.minimum(own, _per_id(np.maximum, instance, late))  # no more than the longest wait it caused
+    rank = lateness["rank"].to_numpy().astype(np.int64)
+    enq, comp = lateness["t_enqueue_ns"].to_numpy(), lateness["t_complete_ns"].to_numpy()
+    frame = pd.DataFrame({"rank": rank, "enq": enq, "comp": comp})
+    span = frame.groupby("rank").agg(first=("enq", "min"), last=("comp", "max"), n=("enq", "size"))
+    window = float((span["last"] - span["first"]).median())
+    voted = pd.DataFrame({"rank": rank[vote], "held": held[vote], "own": own[vote], "instance": instance[vote],
+                          "group": lateness["group"].to_numpy()[vote], "seq": lateness["seq"].to_numpy()[vote]})
+    out = pd.DataFrame(index=span.index)
+    out["n"] = span["n"]
+    out["window_ns"] = window
+    out["cost_ns"] = voted.groupby("rank")["held"].sum().reindex(out.index, fill_value=0.0)
+    out["votes"] = voted.groupby("rank").size().reindex(out.index, fill_value=0).astype(int)
+    out["late_ns_when_late"] = voted.groupby("rank")["own"].median().reindex(out.index, fill_value=0.0)
+    # under shared noise each member of an instance someone held up is the one with probability 1/size
+    counted = ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
+    size = np.bincount(instance[counted], minlength=int(instance.max()) + 1)
+    anyone = np.bincount(instance[vote], minlength=len(size)) > 0
+    p = np.where(counted & anyone[instance], 1.0 / np.maximum(size[instance], 1), 0.0)
+    chance = pd.DataFrame({"rank": rank, "e": p, "v": p * (1 - p)}).groupby("rank").sum().reindex(out.index, fill_value=0.0)
+    out["vote_z"] = (out["votes"] - chance["e"]) / np.sqrt(np.maximum(chance["v"], 1e-9))
+    return out
+
+
+def cost_pattern(lateness: pd.DataFrame, rank: int) -> tuple[float, str, int | None, list[str], float]:
+    """A slow rank's cost (ns) and how it is spread: `persistent`, `periodic` (with its period, counted
+    in the rank's own collectives), `intermittent` or `one-off`; the first collectives involved
+    (`group:seq`); and the share of its collectives where it held the others up by more than jitter.
+    Per straggler only: a handful of ranks, not every rank of the job."""
+    instance = lateness["instance"].to_numpy()
+    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
+    mine = lateness["rank"].to_numpy() == rank
+    most = own[mine] == _per_id(np.maximum, instance, own)[mine]
+    vote = most & (own[mine] > 0) & (own[mine] >= 0.25 * late[mine]) & _gap_known(lateness)[mine]
+    coll = ~_is_transfer(lateness["channel"])[mine]
+    if (vote & coll).any():  # else a slow pipeline stage, found on its transfers: its cost is theirs
+        vote &= coll
+    held_all = np.minimum(own, _per_id(np.maximum, instance, late))[mine]
+    cost = float(held_all[vote].sum())
+    vote &= held_all >= MIN_COMPUTE_NS  # the pattern of the holds that matter, not of jitter's
+    held = held_all[vote]
+    rank_instances = instance[mine]
+    part = pd.DataFrame({"instance": rank_instances[vote], "held": held,
+                         "group": lateness["group"].to_numpy()[mine][vote], "seq": lateness["seq"].to_numpy()[mine][vote]})
+    share = len(part) / max(int(mine.sum()), 1)
+    return (cost, *_pattern(part, int(mine.sum()), np.sort(rank_instances)), share)
+
+
+def _pattern(part: pd.DataFrame, n: int, rank_instances: np.ndarray) -> tuple[str, int | None, list[str]]:
+    if part.empty:
+        return "intermittent", None, []
+    part = part.sort_values("instance")
+    shown = [f"{g}:{int(s)}" for g, s in zip(part["group"].astype(str), part["seq"], strict=True)][:SHOWN_INSTANCES]
+    held = part["held"].to_numpy()
+    if len(part) == 1 or (held.sum() > 0 and held.max() >= ONE_OFF_SHARE * held.sum()):
+        return "one-off", None, shown
+    if len(part) >= PERSISTENT_SHARE * n:
+        return "persistent", None, shown
+    position = np.searchsorted(rank_instances, part["instance"].to_numpy())  # its k-th collective
+    gaps = np.diff(position)
+    if len(gaps) >= 2:
+        values, counts = np.unique(gaps, return_counts=True)
+        top = int(np.argmax(counts))
+        if values[top] > 1 and counts[top] >= PERIODIC_SHARE * len(gaps):
+            return "periodic", int(values[top]), shown
+    return "intermittent", None, shown
+
+
+def _gap_known(lateness: pd.DataFrame) -> np.ndarray:
+    if "gap_known" in lateness.columns:
+        return lateness["gap_known"].to_numpy(dtype=bool)
+    return np.ones(len(lateness), dtype=bool)
+
+
+def _is_transfer(channel: pd.Series) -> np.ndarray:
+    """Channels of transfers (`<group> send to <peer>`, `<group> recv from <peer>`), not collectives."""
+    labels = np.asarray([" send to " in str(c) or " recv from " in str(c) for c in channel.cat.categories] + [False])
+    codes = channel.cat.codes.to_numpy()
+    return labels[np.where(codes >= 0, codes, len(labels) - 1)]
 
 
 def _median_with_zeros(key: np.ndarray, values: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -424,16 +542,34 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
                                 f"({MIN_INSTANCES} needed)")
         return result
     per = rank_scores(lateness)
-    chosen = per[(per["score"] >= MIN_SCORE) & (per["vote_share"] >= MIN_VOTE_SHARE)
-                 & (per["late_ms_median"] >= MIN_LATE_MS)].sort_values("score", ascending=False)
-    for rank, row in chosen.iterrows():
-        channels = list(row["channels"])
+    persistent = per[(per["score"] >= MIN_SCORE) & (per["vote_share"] >= per["min_share"])
+                     & (per["late_ms_median"] >= MIN_LATE_MS)]
+    costs = rank_costs(lateness)
+    baseline = float(costs["cost_ns"].quantile(0.25)) if len(costs) else 0.0
+    window = float(costs["window_ns"].iloc[0]) if len(costs) else 0.0
+    costly = costs[(costs["cost_ns"] >= MIN_COST_PCT / 100 * window) & (costs["votes"] >= MIN_COST_VOTES)
+                   & (costs["n"] >= MIN_INSTANCES) & (costs["vote_z"] >= MIN_VOTE_Z)
+                   & (costs["cost_ns"] >= NOISE_RATIO * baseline) & (costs["late_ns_when_late"] >= MIN_LATE_MS * 1e6)]
+    for rank in sorted(set(persistent.index) | set(costly.index)):
+        row = per.loc[rank] if rank in per.index else None
+        channels = list(row["channels"]) if row is not None else []
+        cost, pattern, period, involved, share = cost_pattern(lateness, int(rank))
+        if rank not in persistent.index and pattern == "one-off":
+            continue  # one long stall is not a slow rank (its cost shows in `lateness`)
         result.stragglers.append({
-            "rank": int(rank), "score": round(float(row["score"]), 2),
-            "late_ms_median": round(float(row["late_ms_median"]), 3), "votes": int(row["votes"]),
-            "collectives": int(row["n"]), "groups": sorted({c.split(" ", 1)[0] for c in channels}),
-            "channels": channels,
+            "rank": int(rank), "cost_ms": round(cost / 1e6, 3),
+            "cost_pct": round(100 * cost / window, 2) if window > 0 else None,
+            "pattern": pattern, "period": period, "late_share": round(share, 3),
+            "late_ms_when_late": round(float(costs.at[rank, "late_ns_when_late"]) / 1e6, 3),
+            "score": round(float(row["score"]), 2) if row is not None else None,
+            "late_ms_median": round(float(row["late_ms_median"]), 3) if row is not None else 0.0,
+            "votes": int(row["votes"] if row is not None else costs.at[rank, "votes"]),
+            "collectives": int(row["n"] if row is not None else costs.at[rank, "n"]),
+            "groups": sorted({c.split(" ", 1)[0] for c in channels} | {i.split(":", 1)[0] for i in involved}),
+            "channels": channels, "instances": involved,
         })
+    result.stragglers.sort(key=lambda s: -s["cost_ms"])  # what each cost the others, most first
+    result.window_ms = round(window / 1e6, 3)
     _attribute_groups(result.stragglers, members or {})
     return result
 

@@ -1,7 +1,9 @@
 """Who waits for whom: each rank's blocking op and the members it is waiting on.
 
-Why: a hang is a chain of waits. A rank's blocking op is its oldest incomplete entry (with its whole
-coalescing unit). It waits in (group, seq) for every member that has not entered that position, that
+Why: a hang is a chain of waits. A rank's blocking ops are its oldest incomplete entry in each group
+(with its whole coalescing unit): a rank blocked in one group with an async op still in flight in
+another waits for both groups' missing members. A rank whose every incomplete op is async and whose
+dump says no thread is inside an op is computing, not waiting. It waits in (group, seq) for every member that has not entered that position, that
 has no dump, that entered an incompatible op there, or that entered it but is itself blocked on an
 earlier op elsewhere (so waits chain across groups). For p2p, it waits for the peer that has not
 posted the matching op (the k-th send a->b pairs with the k-th recv b<-a).
@@ -36,7 +38,8 @@ HOW_PENDING = "pending"
 HOW_FAILED = "failed"
 HOW_INFERRED = "inferred"
 
-_COLS = ["rank", "id", "group", "seq", "kind", "op", "peer", "state", "unit", "pg_seq", "site", "t_enqueue_ns", "source"]
+_COLS = ["rank", "id", "group", "seq", "kind", "op", "peer", "state", "unit", "pg_seq", "site", "t_enqueue_ns", "source",
+         "is_async"]
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Wait:
     positions: list[tuple[str, str, int, str, int]]  # (kind, group, seq, op, peer) of the unit
     targets: dict[int, str] = field(default_factory=dict)  # member -> reason
     unknown: dict[int, str] = field(default_factory=dict)  # member -> why it cannot be told
+    async_only: bool = False  # every op it waits in is async (its thread may be elsewhere)
 
     def item(self) -> dict[str, object]:
         """The report's `waits` item."""
@@ -123,6 +127,10 @@ def find_waits(
     ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known, *_progress(dumps),
                finished or set())
     waits = {r: w for r, w in _blocking(ctx).items() if r not in ctx.finished}  # exited: waits for nobody
+    for rank in [r for r, w in waits.items() if w.how == HOW_PENDING and w.async_only and _computing(dumps[r])]:
+        del waits[rank]
+        ctx.notes.append(f"rank {rank}: only async ops in flight and no thread inside an op (its dump says so): "
+                         "it is computing, not waiting in them")
     _coll_targets(ctx, waits)
     _p2p_targets(ctx, waits)
     for rank in [r for r, w in waits.items() if w.how == HOW_INFERRED and R_NOT_ENTERED not in w.targets.values()]:
@@ -177,7 +185,7 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
     chosen: list[pd.DataFrame] = []
     p = e[pending]
     if not p.empty:
-        firsts = p.loc[p.groupby("rank")["id"].idxmin()]
+        firsts = p.loc[p.groupby(["rank", "group"], observed=True)["id"].idxmin()]
         units = firsts.loc[firsts["unit"] >= 0, ["rank", "unit"]]
         in_unit = p.merge(units, on=["rank", "unit"]) if not units.empty else p.iloc[0:0]
         chosen.append(pd.concat([firsts[firsts["unit"] < 0], in_unit]).assign(how=HOW_PENDING))
@@ -196,12 +204,15 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
         return waits
     rows = pd.concat(chosen).sort_values(["rank", "id"])
     offsets = {r: d.meta.get("wall_offset_ns") for r, d in ctx.dumps.items()}
-    fields = ["rank", "kind", "group", "seq", "op", "peer", "state", "how", "id", "site", "t_enqueue_ns", "source"]
+    fields = ["rank", "kind", "group", "seq", "op", "peer", "state", "how", "id", "site", "t_enqueue_ns", "source",
+              "is_async"]
     for row in rows[fields].astype(object).itertuples(index=False):  # one row per blocking op
         rank = int(row.rank)
         position = (str(row.kind), str(row.group), int(row.seq), str(row.op), int(row.peer))
         if rank in waits:
-            waits[rank].positions.append(position)
+            if position not in waits[rank].positions:
+                waits[rank].positions.append(position)
+            waits[rank].async_only &= bool(row.is_async)
             continue
         offset = offsets.get(rank)
         t = row.t_enqueue_ns
@@ -218,8 +229,15 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
             site=_site(row.site, row.source),
             t_wall_ns=None if (pd.isna(t) or offset is None) else int(t) + int(offset),
             positions=[position],
+            async_only=bool(row.is_async) and str(row.how) == HOW_PENDING,
         )
     return waits
+
+
+def _computing(dump: RankDump) -> bool:
+    """The dump names, for every thread, the op it is inside (`in_op`), and no thread is inside one."""
+    threads = dump.threads
+    return bool(threads) and all(isinstance(t, dict) and "in_op" in t and t["in_op"] is None for t in threads)
 
 
 def _site(site: object, source: object) -> str | None:
@@ -354,7 +372,7 @@ def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
     hi = p2p.groupby(["rank", "group", "op", "peer"])["seq"].max().to_dict()
     entry = p2p.set_index(["rank", "group", "op", "peer", "seq"])[["state", "id"]]
     entry = entry[~entry.index.duplicated()]
-    co_waits: list[tuple[Wait, int]] = []
+    co_waits: list[tuple[Wait, int, str]] = []
     for w, (_, g, k, op, peer) in rows:  # per blocked p2p op: bounded by ranks x unit size
         if peer < 0 or k <= 0:
             w.unknown[-1] = f"{op} from any source in group {g}: the peer is not known"
@@ -386,13 +404,13 @@ def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
         if mine is None:
             continue
         if any(p[0] == "p2p" and p[1] == g and p[2] == k and p[4] == w.rank for p in mine.positions):
-            co_waits.append((w, peer))
+            co_waits.append((w, peer, g))
         else:
             w.targets[peer] = R_BLOCKED
     # A batch completes as one unit: the peer's matching op is stuck while its unit waits on someone.
-    for w, peer in co_waits:
+    for w, peer, g in co_waits:
         mine = waits[peer]
-        if len(mine.positions) > 1 and mine.targets:
+        if sum(p[0] == "p2p" and p[1] == g for p in mine.positions) > 1 and mine.targets:
             w.targets[peer] = R_BLOCKED
 
 

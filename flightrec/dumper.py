@@ -163,10 +163,19 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "progress": group_progress(rec),
         "templates": templates,
         "entries": columns,
-        "threads": [] if brief else all_thread_stacks(),
+        "threads": [] if brief else _with_ops(all_thread_stacks(), rec),
         "torch_fr": {"pg_status": fr.get("pg_status")} if fr else None,
         "recorder_errors": list(log.errors),
     }
+
+
+def _with_ops(threads: list[dict[str, Any]], rec: Recorder) -> list[dict[str, Any]]:
+    """Each thread record says which recorded op the thread is inside (`in_op`, None: none): a rank
+    whose threads are all outside ops is computing, whatever async ops it has in flight."""
+    inside = rec.threads_in_ops()
+    for t in threads:
+        t["in_op"] = inside.get(int(t["ident"]))
+    return threads
 
 
 # Tests only: called with the temporary file's path once it is complete and synced, before the

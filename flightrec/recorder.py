@@ -70,13 +70,14 @@ class ThreadState:
     `in_leaf` is falsy outside a wrapped call; inside one it is True (Python wrapper) or the Entry of
     the call (C hot path), which the C path files in no table while it runs (`Recorder.in_flight`)."""
 
-    __slots__ = ("in_leaf", "api", "unit", "thread_name", "__weakref__")
+    __slots__ = ("in_leaf", "api", "unit", "thread_name", "ident", "__weakref__")
 
     def __init__(self) -> None:
         self.in_leaf: bool | Entry = False
         self.api: str | None = None
         self.unit: list[Entry] | None = None
         self.thread_name = threading.current_thread().name
+        self.ident = threading.get_ident()  # the dump's thread records: which thread is inside an op
 
 
 class Recorder:
@@ -450,6 +451,19 @@ class Recorder:
             if isinstance(entry, Entry):
                 found[entry.id] = entry
         return [e for e in found.values() if e.pending]
+
+    def threads_in_ops(self) -> dict[int, int]:
+        """Thread ident -> id of the op the thread is inside right now (-1: inside one whose entry the
+        Python wrapper does not name). A thread missing here is in none: computing, or idle."""
+        inside: dict[int, int] = {}
+        for ref in self.threads:
+            state = ref()
+            leaf = getattr(state, "in_leaf", None)
+            if isinstance(leaf, Entry):
+                inside[state.ident] = leaf.id  # type: ignore[union-attr]
+            elif leaf:
+                inside[state.ident] = -1  # type: ignore[union-attr]
+        return inside
 
     def _relabel_group(self, name: str, label: str) -> None:
         """A destroyed group's entries take its new label (groups.GroupRegistry: why)."""

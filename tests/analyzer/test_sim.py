@@ -26,22 +26,19 @@ TORCH_SEEDS = max(len(sim.FAULT_KINDS), SEEDS * 3 // 10)
 
 # Known analyzer defects (issue 21): (format, kind) -> (why, seeds where it shows). Remove an entry once fixed.
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, tuple[int, ...]]] = {
-    ("flightrec", "two_faults"): (
-        "a crash hides a stalled rank that the launcher then terminated (told apart from a victim only by time)",
-        (1797,)),
-    ("flightrec", "slow_rank"): (
-        "a slow first pipeline stage is late on only one of its two sends per step to the same peer: 50% of the "
-        "channel's votes, under the 60% needed", (1511,)),
 }
 
 
 # Seeds that once showed a defect, fixed since: always run, so the fix stays.
 FIXED: dict[tuple[str, str], tuple[int, ...]] = {
     ("flightrec", "early_exit"): (741,),  # an async op in an exit record made its peers comm_stuck
+    ("flightrec", "slow_rank"): (1511,),  # a slow first stage late on one of its two sends a step: 50% of the votes
+    ("flightrec", "healthy"): (522, 3582),  # cost counted over 17 ops of a small pipeline job named a straggler
     ("flightrec", "ring_wrap"): (1382,),  # p2p progress counters were ignored past a wrapped ring
     ("flightrec", "missing_dump"): (168,),  # a hang seen only through a lost dump was called healthy
     ("flightrec", "completed_mismatch"): (16, 34, 70),  # an old completed mismatch made the verdict desync
-    ("flightrec", "two_faults"): (1131,),  # a crash hid a mismatch culprit
+    # a crash hid a mismatch culprit (1131); a rank computing with an async op in flight hid behind a crash (1797)
+    ("flightrec", "two_faults"): (1131, 1797),
     ("flightrec", "missing_op"): (155, 353, 389),  # the skipped-p2p rule made a wait cycle a one-sided hang
     ("flightrec", "coll_inversion"): (103, 283),  # likewise
     ("torch", "missing_op"): (155,),
