@@ -42,6 +42,8 @@ from .stragglers import SlowResult, find_slow
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
 from .waits import R_NO_DUMP, R_STALE, R_UNREADABLE, WaitResult, find_waits
 
+SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
+
 NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
 
@@ -125,6 +127,7 @@ class Analysis:
             self._current_entries, m.positions, self.members, self.dumps, self._absent_code, m.culprits, self._known_groups,
             finished=exited_ranks(self.dumps),
         )
+        _in_flight_at_snapshot(result, self.dumps)
         release_free_memory()
         return result
 
@@ -345,3 +348,22 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
             "earlier positions are compared without it"
         )
     return out
+
+
+def _in_flight_at_snapshot(result: WaitResult, dumps: dict[int, RankDump]) -> None:
+    """A periodic snapshot (FLIGHTREC_SNAPSHOT_S) catches a running job with ops in flight: one younger
+    than the rank's own timeout is not a wait (had it outlived it, the watchdog would have written a
+    `timeout` dump over the snapshot)."""
+    young = []
+    for rank, wait in list(result.waits.items()):
+        meta = dumps[rank].meta if rank in dumps else {}
+        if meta.get("reason") != SNAPSHOT_REASON or wait.t_wall_ns is None:
+            continue
+        timeout_s = (meta.get("settings") or {}).get("timeout_s")
+        age = (meta.get("dump_time_ns") or 0) - wait.t_wall_ns
+        if isinstance(timeout_s, (int, float)) and age < timeout_s * 1e9:
+            del result.waits[rank]
+            young.append(rank)
+    if young:
+        result.notes.append(f"snapshots of a running job: the ops in flight on ranks {ranges(young)} were younger than "
+                            "their timeout when the snapshot was taken, so they are not taken as waits")

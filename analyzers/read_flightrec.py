@@ -60,6 +60,7 @@ META_FIELDS = (
     "exception",
     "exit_record",
     "progress",
+    "settings",
 )
 
 

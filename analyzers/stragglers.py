@@ -524,6 +524,10 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     lateness = collective_lateness(entries, group_sizes)
     release_free_memory()  # its temporaries (gigabytes at 16k ranks) were freed into glibc's heap
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
+    untimed = int(entries["is_async"].to_numpy(dtype=bool, na_value=False).sum()) if len(entries) else 0
+    if untimed:
+        result.notes.append(f"{untimed} async ops are left out of the timing: their completion says when the backend "
+                            "finished, not how long a rank waited for its peers (that shows in the op it next blocks in)")
     release_free_memory()
     links = p2p_links(entries, transfers)
     result.links = links

@@ -23,6 +23,7 @@ from .watchdog import Watchdog
 # A dump written because this rank failed is not replaced by the SIGTERM dump that follows within
 # seconds (torchrun stops every worker once one exited with an error): the failure says more.
 FAILURE_REASONS = ("exception", "op_failed", "abort")
+SNAPSHOT = "snapshot"  # the periodic dump of a running job (FLIGHTREC_SNAPSHOT_S)
 FAILURE_DUMP_KEPT_S = 60.0
 
 
@@ -42,6 +43,7 @@ class _Armed:
         self.recorder.on_failure = self._on_failure
         self.crashed = False  # an uncaught exception was dumped: the exit record must not replace it
         self.failure_dumped_at = -1e18  # monotonic time of the last failure dump (FAILURE_REASONS)
+        self.evidence_written = False  # a dump for a reason (not a snapshot) is in the folder: keep it
         self.exceptions = ExceptionHooks(self._on_uncaught)
 
     def start(self) -> None:
@@ -87,7 +89,10 @@ class _Armed:
                 return False  # e.g. torchrun's agent process: it never joined a group
             if reason == "signal" and time.monotonic() - self.failure_dumped_at < FAILURE_DUMP_KEPT_S:
                 return False  # the launcher stops us because we failed: our failure's dump says more
-            payload = build_dump(self.recorder, reason, detail, brief=reason == "exit" and not self.settings.dump_on_exit)
+            if reason == SNAPSHOT and self.evidence_written:
+                return False  # a snapshot never replaces a dump written for a reason
+            whole = self.settings.dump_on_exit or self.settings.snapshot_s > 0  # snapshots asked for whole rings
+            payload = build_dump(self.recorder, reason, detail, brief=reason == "exit" and not whole)
             payload.update(extra or {})
             # a process that inherited RANK but never joined (a spawned DataLoader worker) may
             # only write where the rank has no dump yet: never over the rank's own
@@ -99,7 +104,9 @@ class _Armed:
         except Exception as exc:  # noqa: BLE001
             log.warn_once(f"dump-{type(exc).__name__}", f"could not build a dump: {exc!r}")
             return False
-        self.watchdog.dumped_now()
+        if reason != SNAPSHOT:  # a snapshot says nothing about the ops in flight: their timeouts still fire
+            self.watchdog.dumped_now()
+            self.evidence_written = True
         if reason in FAILURE_REASONS:
             self.failure_dumped_at = time.monotonic()
         return True

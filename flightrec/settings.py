@@ -30,6 +30,7 @@ class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     stacks: bool = False
     dump_on_exit: bool = False
+    snapshot_s: float = 0.0  # > 0: the watchdog rewrites this rank's dump every so many seconds
     poll_s: float = field(default=0.0)  # 0 = derived from timeout_s
 
     @property
@@ -46,6 +47,7 @@ class Settings:
             "timeout_s": self.timeout_s,
             "stacks": self.stacks,
             "dump_on_exit": self.dump_on_exit,
+            "snapshot_s": self.snapshot_s,
         }
 
 
@@ -78,6 +80,16 @@ def _parse_timeout(raw: str) -> float:
     return value
 
 
+def _parse_snapshot(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise SettingsError(f"FLIGHTREC_SNAPSHOT_S={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingsError(f"FLIGHTREC_SNAPSHOT_S={raw!r} must be 0 (off) or a positive number of seconds")
+    return value
+
+
 def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
     """Settings from `env` (default `os.environ`), then keyword overrides from `flightrec.enable()`."""
     env = os.environ if env is None else env
@@ -94,6 +106,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         values["stacks"] = _parse_bool("FLIGHTREC_STACKS", env["FLIGHTREC_STACKS"])
     if "FLIGHTREC_DUMP_ON_EXIT" in env:
         values["dump_on_exit"] = _parse_bool("FLIGHTREC_DUMP_ON_EXIT", env["FLIGHTREC_DUMP_ON_EXIT"])
+    if "FLIGHTREC_SNAPSHOT_S" in env:
+        values["snapshot_s"] = _parse_snapshot(env["FLIGHTREC_SNAPSHOT_S"])
     for key, value in overrides.items():
         if key not in Settings.__dataclass_fields__:
             raise SettingsError(f"flightrec.enable() got an unknown option {key!r}")
@@ -101,6 +115,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             value = _parse_buffer(str(value))
         elif key == "timeout_s":
             value = _parse_timeout(str(value))
+        elif key == "snapshot_s":
+            value = _parse_snapshot(str(value))
         elif key in ("stacks", "dump_on_exit"):
             value = bool(value)
         elif key == "dir":

@@ -57,6 +57,7 @@ class Watchdog:
         self._next_discover = 0.0
         self._next_fr = 0.0
         self._next_store_poll = 0.0
+        self._next_snapshot = time.monotonic() + settings.snapshot_s
         self._last_peer_request = -1e18
         self.last_dump_mono_ns = 0
         self._recorded_seen = -1  # ring.recorded at the last change, and when it changed: see _silent_cpp_op
@@ -135,6 +136,9 @@ class Watchdog:
         reason = self.files.poll()
         if reason is not None:
             self._dump("manual" if reason == "manual" else reason, "dump requested through the dump folder")
+        if self.settings.snapshot_s > 0 and now >= self._next_snapshot:
+            self._next_snapshot = now + self.settings.snapshot_s  # written here: the training thread never waits
+            self._dump("snapshot", f"every {self.settings.snapshot_s:g} s (FLIGHTREC_SNAPSHOT_S)")
         if self._stop.is_set() or now < self._next_store_poll:
             return  # no new store call once stopping: it could outlast the join
         self._next_store_poll = now + _STORE_POLL_EVERY_S

@@ -73,3 +73,10 @@ def test_a_late_start_is_not_a_cost() -> None:
 
 def test_one_long_stall_is_a_one_off_not_a_straggler() -> None:
     assert slow(steps_job(4, lambda r, step, rng: 300.0 if r == 2 and step == 50 else 0.0), 4) == []
+
+
+def test_async_ops_left_out_of_the_timing_are_said_to_be() -> None:
+    entries = steps_job(4, lambda r, step, rng: 0.0, steps=30)
+    entries.loc[entries["seq"] % 3 == 0, "is_async"] = True
+    notes = find_slow(entries, {"0": 4}, {}).notes
+    assert any(note.startswith("40 async ops are left out of the timing") for note in notes), notes
