@@ -63,12 +63,24 @@ def render_html(a: Analysis) -> str:
     parts += _plots(a)
     parts += _waits(rep)
     parts += _stragglers(rep)
+    parts += _costs(a)
     parts += _mismatches(rep)
     if rep["gaps"]:
         parts += ["<h2>Evidence gaps</h2>", '<ul class="gaps">'] + [f"<li>{escape(g)}</li>" for g in rep["gaps"]] + ["</ul>"]
     parts += ["<h2>Ranks</h2>"] + _ranks(a)
     parts.append('<p class="muted">written by flightrec analyze --html</p></body></html>')
     return "\n".join(parts)
+
+
+def _costs(a: Analysis) -> list[str]:
+    """What each rank's own work cost the others, most first: where people look for a slow rank."""
+    table = pm.rank_cost(a)
+    if table.empty or not (table["cost_ms"] > 0).any():
+        return []
+    rows = table.head(MAX_ROWS).round({"cost_ms": 1, "cost_pct": 2, "vote_z": 1}).to_dict("records")
+    return ["<h2>Cost per rank</h2>",
+            '<p class="muted">the time each rank\'s own work held the others up in the collectives (most first); '
+            "held_up: in how many of its collectives; vote_z: how far above chance</p>", _table(rows)]
 
 
 def _ranks(a: Analysis) -> list[str]:

@@ -211,6 +211,31 @@ def lateness_heatmap(a: Analysis, width: float = 11.0, max_columns: int = 240) -
     return fig
 
 
+def step_times(a: Analysis, width: float = 11.0) -> Figure:
+    """Step time per rank (ms, the loop's own collective: `postmortem.steps`), with the steps a rank's
+    own work held the others up marked on its line: where a slow step came from, at a glance."""
+    st = pm.steps(a)
+    fig = _figure(width, 3.4)
+    ax = fig.add_subplot()
+    ax.set_title("step time per rank (ms); dots: the rank whose own work held that step up", fontsize=10, loc="left")
+    if st.empty:
+        _note(ax, "no timed steps: no collective was completed by every member with recorded completion times"
+              + _lacking(a))
+        return fig
+    slow = {s["rank"] for s in a.report()["stragglers"]}
+    for rank, part in st.groupby("rank"):
+        style = {"linewidth": 1.6, "zorder": 3} if rank in slow else {"linewidth": 0.7, "alpha": 0.6}
+        (line,) = ax.plot(part["step"], part["step_ms"], label=f"rank {rank}" + (" (straggler)" if rank in slow else ""),
+                          **style)
+        held = part[part["held_up_by"] == rank]
+        ax.scatter(held["step"], held["step_ms"], s=10, color=line.get_color(), zorder=4)
+    ax.set_xlabel(f"step (collective of group {st['group'].iloc[0]})")
+    ax.set_ylabel("ms since the rank's previous step")
+    if st["rank"].nunique() <= 16:
+        ax.legend(fontsize=7, ncol=4, loc="upper right")
+    return fig
+
+
 def _lacking(a: Analysis) -> str:
     formats = {d.fmt for d in a.dumps.values()}
     if any(f.startswith("torch_fr") for f in formats) and a.entries["t_complete_ns"].isna().all():
@@ -361,8 +386,10 @@ def all_figures(a: Analysis) -> dict[str, Figure]:
         "Wait-for graph": wait_graph(a),
         "Timeline": timeline(a),
         "Lateness": lateness_heatmap(a),
+        "Step times": step_times(a),
         "Slow links": slow_links(a),
     }
 
 
-__all__ = ["INSTALL_HINT", "all_figures", "lateness_heatmap", "slow_links", "timeline", "to_png", "wait_graph"]
+__all__ = ["INSTALL_HINT", "all_figures", "lateness_heatmap", "slow_links", "step_times", "timeline", "to_png",
+           "wait_graph"]

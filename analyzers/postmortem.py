@@ -20,6 +20,7 @@ import pandas as pd
 
 from .analysis import Analysis
 from .constants import COMPLETED, FAILED, PENDING_STATES, UNKNOWN
+from .stragglers import rank_costs
 
 # Values of the derived `status` column (what the analysis concluded about each entry).
 ST_COMPLETED, ST_FAILED, ST_BLOCKING, ST_PENDING, ST_MISMATCH, ST_UNKNOWN = (
@@ -145,6 +146,55 @@ def rank_lateness(a: Analysis) -> pd.DataFrame:
     offsets = a.report()["clock_offsets_ms"]
     per["clock_offset_ms"] = [offsets.get(str(r), np.nan) for r in per.index]
     return per.reset_index()
+
+
+def rank_cost(a: Analysis) -> pd.DataFrame:
+    """Per rank: what its own work cost the others over the collectives (ms, % of the analysed window),
+    in how many of its timed collectives it held them up, how far above chance (`vote_z`), and whether
+    it is reported as a straggler (docs/report-format.md, `stragglers[]`)."""
+    costs = rank_costs(a.slow.lateness)
+    ranks = pd.Index(sorted(a.dumps), name="rank")
+    if costs.empty:
+        return pd.DataFrame({"rank": ranks, "cost_ms": 0.0, "cost_pct": 0.0, "held_up": 0, "collectives": 0,
+                             "vote_z": np.nan, "straggler": False})
+    window = float(costs["window_ns"].iloc[0])
+    per = costs.reindex(ranks)
+    stragglers = {s["rank"] for s in a.report()["stragglers"]}
+    return pd.DataFrame({
+        "rank": ranks,
+        "cost_ms": per["cost_ns"].fillna(0).to_numpy() / 1e6,
+        "cost_pct": 100 * per["cost_ns"].fillna(0).to_numpy() / window if window > 0 else np.nan,
+        "held_up": per["votes"].fillna(0).astype(int).to_numpy(),
+        "collectives": per["n"].fillna(0).astype(int).to_numpy(),
+        "vote_z": per["vote_z"].to_numpy(),
+        "straggler": ranks.isin(stragglers),
+    }).sort_values("cost_ms", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def steps(a: Analysis) -> pd.DataFrame:
+    """The per-step view: one row per (rank, step), a step being a collective of the group with the most
+    timed collectives (the loop's own all-reduce). `step_ms`: the time since the rank's previous step
+    (own clock); `own_late_ms`: how much its own work held the others up there; `held_up_by`: the rank
+    whose own work held that step up most (-1: nobody beyond jitter, 0.5 ms)."""
+    lat = a.slow.lateness
+    cols = ["step", "group", "seq", "rank", "step_ms", "own_late_ms", "held_up_by"]
+    if lat.empty:
+        return pd.DataFrame(columns=cols)
+    group = lat["group"].astype(str)
+    busiest = group.value_counts().index[0]
+    sub = lat[(group == busiest).to_numpy()].sort_values(["rank", "seq"], kind="stable")
+    enq = sub["t_enqueue_ns"].to_numpy().astype(np.int64)
+    rank = sub["rank"].to_numpy()
+    step_ms = np.full(len(sub), np.nan)
+    same = np.r_[False, rank[1:] == rank[:-1]]
+    step_ms[same] = (enq[1:] - enq[:-1])[same[1:]] / 1e6
+    out = pd.DataFrame({"group": busiest, "seq": sub["seq"].to_numpy(), "rank": rank, "step_ms": step_ms,
+                        "own_late_ms": sub["own_late_ns"].to_numpy() / 1e6})
+    worst = out.loc[out.groupby("seq")["own_late_ms"].idxmax(), ["seq", "rank", "own_late_ms"]]
+    worst = worst[worst["own_late_ms"] >= 0.5]
+    out["held_up_by"] = out["seq"].map(dict(zip(worst["seq"], worst["rank"], strict=True))).fillna(-1).astype(int)
+    out["step"] = pd.factorize(out["seq"], sort=True)[0] + 1
+    return out[cols].sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
 
 
 def ranks(a: Analysis) -> pd.DataFrame:

@@ -39,4 +39,4 @@ def test_runs_against_fixture_dumps(fixture):
     summary = analyzers.load(GOLDEN / (fixture or "compute_hang")).summary()
     assert summary in text
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 4  # wait graph, timeline, lateness, slow links
+    assert len(images) == 5  # wait graph, timeline, lateness, step times, slow links

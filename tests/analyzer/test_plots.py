@@ -37,7 +37,7 @@ def loaded() -> dict[str, analyzers.Analysis]:
 def test_every_plot_returns_a_figure(loaded, name):
     a = loaded[name]
     figures = plots.all_figures(a)
-    assert list(figures) == ["Wait-for graph", "Timeline", "Lateness", "Slow links"]
+    assert list(figures) == ["Wait-for graph", "Timeline", "Lateness", "Step times", "Slow links"]
     for title, fig in figures.items():
         assert isinstance(fig, Figure) and fig.axes, title
         png = plots.to_png(fig, dpi=40)
@@ -143,7 +143,7 @@ def test_html_report(tmp_path):
     html = page.read_text()
     assert ">hang</span>" in html and "rank 2 not_entered in all_reduce (group 0, seq 4)" in html
     assert "rank 2 &mdash; not_entered" in html and "train.py:34 in stall_in_compute" in html  # cause + stack
-    assert html.count("data:image/png;base64,") == 4
+    assert html.count("data:image/png;base64,") == 5
     assert "http://" not in html and "https://" not in html and "<script" not in html  # self-contained
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -126,3 +126,22 @@ def test_export_command(tmp_path):
 def test_groups_path_for():
     assert groups_path_for("a/trace.parquet").as_posix() == "a/trace.groups.parquet"
     assert groups_path_for("trace").as_posix() == "trace.groups.parquet"
+
+
+def test_cost_per_rank_and_steps_show_the_straggler() -> None:
+    """Issue 22: the per-step view and the cost table, where people would rather look than read."""
+    import analyzers
+    from analyzers import postmortem as pm
+    from analyzers.html_report import render_html
+    from fixtures.run import GOLDEN
+
+    a = analyzers.load(str(GOLDEN / "straggler_20"))
+    cost = pm.rank_cost(a)
+    assert cost["rank"].iloc[0] == 1 and bool(cost["straggler"].iloc[0]) and cost["cost_pct"].iloc[0] > 5
+    assert (cost["cost_ms"].iloc[1:] < cost["cost_ms"].iloc[0] / 10).all()
+    steps = pm.steps(a)
+    assert list(steps.columns) == ["step", "group", "seq", "rank", "step_ms", "own_late_ms", "held_up_by"]
+    held = steps.drop_duplicates("step")["held_up_by"]
+    assert (held == 1).mean() > 0.8  # rank 1 held up most steps
+    page = render_html(a)
+    assert "Cost per rank" in page
