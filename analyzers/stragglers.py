@@ -27,6 +27,10 @@ MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this shar
 # not on the one right after it, so half; its median own lateness must still reach MIN_LATE_MS)
 P2P_VOTE_SHARE = 0.5
 MIN_LATE_MS = 0.5  # ... by at least this much (median), so scheduler jitter never qualifies
+# ... 3 ms where collectives' ends are estimated (C++-issued ones on gloo: the last member's start): the
+# precision of that estimate on a loaded host, where the autograd thread that issues DDP's buckets waits
+# for a core (a healthy 4-rank DDP job on 2 cores had one rank ~2 ms late in 65% of its buckets, 2 runs of 10)
+ESTIMATED_MIN_LATE_MS = 3.0
 # Fewer complete instances than this (in all, or on a channel): no verdict on speed. At 5, a healthy
 # 4-rank job on a loaded host named a straggler that had the most own lateness in 3 of 5 ops (by
 # chance 1 in 10 per rank); 12 of 20 happens by chance 1 in 1,000 with 4 members.
@@ -309,7 +313,7 @@ def clock_offsets(lateness: pd.DataFrame, wall_offsets: dict[int, int]) -> dict[
     return {int(r): round(float(v) / 1e6, 3) for r, v in dev.items()}
 
 
-def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
+def rank_scores(lateness: pd.DataFrame, min_late_ms: float = MIN_LATE_MS) -> pd.DataFrame:
     """Per rank: its worst channel's median own lateness, votes and share, and a robust (MAD) score.
 
     A channel is one collective group or one direction to one peer: a slow pipeline stage is late
@@ -340,7 +344,7 @@ def rank_scores(lateness: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["late_ms_median", "votes", "n", "vote_share", "min_share", "score", "channels"])
     per_channel["vote_share"] = per_channel["votes"] / per_channel["n"]
     per_channel["min_share"] = np.where(_is_transfer(per_channel["channel"]), P2P_VOTE_SHARE, MIN_VOTE_SHARE)
-    per_channel["qualifies"] = (per_channel["late_ns"] / 1e6 >= MIN_LATE_MS) & (per_channel["vote_share"] >= per_channel["min_share"])
+    per_channel["qualifies"] = (per_channel["late_ns"] / 1e6 >= min_late_ms) & (per_channel["vote_share"] >= per_channel["min_share"])
     # the worst channel that qualifies stands for the rank (else its worst): a slow stage late on
     # three channels must not be judged by the one where noise left it a vote short
     worst = per_channel.sort_values(["rank", "qualifies", "late_ns", "vote_share"], ascending=[True, False, False, False])
@@ -519,11 +523,52 @@ def _median_of_the_others(values: np.ndarray) -> np.ndarray:
     return rest(m) if (n - 1) % 2 else (rest(m - 1) + rest(m)) / 2
 
 
+def _estimated_completions(entries: pd.DataFrame, wall_offsets: dict[int, int]) -> tuple[pd.DataFrame, int]:
+    """Completed blocking collectives with a measured enqueue but no completion time (C++-issued ones on
+    gloo: PyTorch's recorder stamps their creation, nobody their end) get an estimated end: the last
+    member's enqueue, on wall clocks. The op cannot end before its last member arrives, and ends soon
+    after on a collective that only waited for it: the estimate is short by the transfer and off by
+    the hosts' clock offsets. Returns the entries (a new frame only when some were estimated) and how
+    many were."""
+    if entries.empty or not wall_offsets:
+        return entries, 0
+    enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
+    need = (is_value(entries["kind"], "coll") & is_value(entries["state"], "completed")
+            & ~entries["is_async"].to_numpy(dtype=bool, na_value=False)
+            & ~enq_col.isna().to_numpy() & comp_col.isna().to_numpy() & (_gather(entries["seq"]) > 0))
+    rows = np.flatnonzero(need)
+    if not len(rows):
+        return entries, 0
+    rank = _gather(entries["rank"], rows)
+    offset = np.zeros(int(rank.max()) + 1, dtype=np.int64)
+    known = np.zeros(len(offset), dtype=bool)
+    for r, o in wall_offsets.items():
+        if 0 <= r < len(offset):
+            offset[r], known[r] = o, True
+    keep = known[rank]  # a rank whose clock cannot be put on the wall clock is left out
+    rows, rank = rows[keep], rank[keep]
+    if not len(rows):
+        return entries, 0
+    group, _ = _codes(entries["group"])
+    instance = group_ids([group[rows].astype(np.int64), _gather(entries["seq"], rows)])
+    wall = _gather(enq_col, rows) + offset[rank]
+    latest = _per_id(np.maximum, instance, wall)
+    filled = comp_col.array.copy()
+    filled[rows] = latest - offset[rank]
+    return entries.assign(t_complete_ns=filled), len(rows)
+
+
 def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: dict[int, int],
               members: dict[str, list[int]] | None = None, transfers: Transfers | None = None) -> SlowResult:
+    entries, estimated = _estimated_completions(entries, wall_offsets)
     lateness = collective_lateness(entries, group_sizes)
     release_free_memory()  # its temporaries (gigabytes at 16k ranks) were freed into glibc's heap
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
+    if estimated:
+        result.notes.append(f"{estimated} collectives (issued from C++, e.g. DDP's Reducer) have a measured start but "
+                            "no recorded end: their end is taken as the last member's start on the wall clocks, short "
+                            "by the transfer time and off by the hosts' clock offsets (exact on one host); a rank "
+                            f"must then be {ESTIMATED_MIN_LATE_MS:g} ms late, not {MIN_LATE_MS:g}, to count as slow")
     untimed = int(entries["is_async"].to_numpy(dtype=bool, na_value=False).sum()) if len(entries) else 0
     if untimed:
         result.notes.append(f"{untimed} async ops are left out of the timing: their completion says when the backend "
@@ -545,15 +590,16 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
             result.notes.append(f"only {instances} complete blocking ops have timing: too few to tell slow ranks "
                                 f"({MIN_INSTANCES} needed)")
         return result
-    per = rank_scores(lateness)
+    min_late = ESTIMATED_MIN_LATE_MS if estimated else MIN_LATE_MS
+    per = rank_scores(lateness, min_late)
     persistent = per[(per["score"] >= MIN_SCORE) & (per["vote_share"] >= per["min_share"])
-                     & (per["late_ms_median"] >= MIN_LATE_MS)]
+                     & (per["late_ms_median"] >= min_late)]
     costs = rank_costs(lateness)
     baseline = float(costs["cost_ns"].quantile(0.25)) if len(costs) else 0.0
     window = float(costs["window_ns"].iloc[0]) if len(costs) else 0.0
     costly = costs[(costs["cost_ns"] >= MIN_COST_PCT / 100 * window) & (costs["votes"] >= MIN_COST_VOTES)
                    & (costs["n"] >= MIN_INSTANCES) & (costs["vote_z"] >= MIN_VOTE_Z)
-                   & (costs["cost_ns"] >= NOISE_RATIO * baseline) & (costs["late_ns_when_late"] >= MIN_LATE_MS * 1e6)]
+                   & (costs["cost_ns"] >= NOISE_RATIO * baseline) & (costs["late_ns_when_late"] >= min_late * 1e6)]
     for rank in sorted(set(persistent.index) | set(costly.index)):
         row = per.loc[rank] if rank in per.index else None
         channels = list(row["channels"]) if row is not None else []
