@@ -533,7 +533,9 @@ def _estimated_completions(entries: pd.DataFrame, wall_offsets: dict[int, int]) 
     if entries.empty or not wall_offsets:
         return entries, 0
     enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
-    need = (is_value(entries["kind"], "coll") & is_value(entries["state"], "completed")
+    if "source" not in entries.columns:
+        return entries, 0
+    need = (is_value(entries["kind"], "coll") & is_value(entries["state"], "completed") & is_value(entries["source"], "c++")
             & ~entries["is_async"].to_numpy(dtype=bool, na_value=False)
             & ~enq_col.isna().to_numpy() & comp_col.isna().to_numpy() & (_gather(entries["seq"]) > 0))
     rows = np.flatnonzero(need)
