@@ -13,6 +13,7 @@ members leave a blocking collective at almost the same instant.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,8 @@ MIN_COST_VOTES = 3  # ... in at least this many collectives (one long hiccup is 
 NOISE_RATIO = 3.0  # ... and at least this many times the cost of a typical rank (its lower quartile)...
 MIN_VOTE_Z = 3.5  # ... holding the others up significantly more often than its share: where every rank
 # hiccups now and then at random, each holds them up about 1/size of the time (z: its excess in standard
-# deviations of that binomial count)
+# deviations of that binomial count); more with more ranks (one in a thousand jobs by chance: FALSE_ALARM)
+FALSE_ALARM = 0.001
 PERSISTENT_SHARE = 0.6  # patterns: late in at least this share of its collectives
 ONE_OFF_SHARE = 0.8  # ... most of the cost from a single collective
 PERIODIC_SHARE = 0.75  # ... this share of the gaps between its late collectives equal one period
@@ -404,6 +406,35 @@ def rank_costs(lateness: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _above_chance(lateness: pd.DataFrame, candidates: set[int], z_min: float) -> set[int]:
+    """The candidates that hold the others up more often than chance, found step by step: the most
+    significant first, then the others over the collectives it did not hold up (two equally slow ranks
+    split the votes, so against all collectives the second looks barely above its share)."""
+    instance = lateness["instance"].to_numpy()
+    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
+    counted = ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
+    vote = (own == _per_id(np.maximum, instance, own)) & (own > 0) & (own >= 0.25 * late) & counted
+    rank = lateness["rank"].to_numpy().astype(np.int64)
+    remaining = np.ones(int(instance.max()) + 1 if len(instance) else 0, dtype=bool)
+    chosen: set[int] = set()
+    width = int(rank.max()) + 1 if len(rank) else 0
+    while True:
+        live = counted & remaining[instance]
+        size = np.bincount(instance[live], minlength=len(remaining))
+        anyone = np.bincount(instance[vote & live], minlength=len(remaining)) > 0
+        p = np.where(live & anyone[instance], 1.0 / np.maximum(size[instance], 1), 0.0)
+        votes = np.bincount(rank[vote & live], minlength=width)
+        z = (votes - np.bincount(rank, weights=p, minlength=width)) / np.sqrt(
+            np.maximum(np.bincount(rank, weights=p * (1 - p), minlength=width), 1e-9))
+        passing = [r for r in candidates - chosen if z[r] >= z_min]
+        if not passing:
+            return chosen
+        best = max(float(z[r]) for r in passing)
+        now = {r for r in passing if z[r] == best}  # equals: all of them, never the lowest rank
+        chosen |= now
+        remaining[instance[vote & np.isin(rank, list(now))]] = False
+
+
 def cost_pattern(lateness: pd.DataFrame, rank: int) -> tuple[float, str, int | None, list[str], float]:
     """A slow rank's cost (ns) and how it is spread: `persistent`, `periodic` (with its period, counted
     in the rank's own collectives), `intermittent` or `one-off`; the first collectives involved
@@ -600,9 +631,11 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     baseline = float(costs["cost_ns"].quantile(0.25)) if len(costs) else 0.0
     window = float(costs["window_ns"].iloc[0]) if len(costs) else 0.0
     costly = costs[(costs["cost_ns"] >= MIN_COST_PCT / 100 * window) & (costs["votes"] >= MIN_COST_VOTES)
-                   & (costs["n"] >= MIN_INSTANCES) & (costs["vote_z"] >= MIN_VOTE_Z)
+                   & (costs["n"] >= MIN_INSTANCES)
                    & (costs["cost_ns"] >= NOISE_RATIO * baseline) & (costs["late_ns_when_late"] >= min_late * 1e6)]
-    for rank in sorted(set(persistent.index) | set(costly.index)):
+    z_min = max(MIN_VOTE_Z, NormalDist().inv_cdf(1 - FALSE_ALARM / max(len(costs), 1)))
+    significant = _above_chance(lateness, set(costly.index), z_min) if len(costly) else set()
+    for rank in sorted(set(persistent.index) | significant):
         row = per.loc[rank] if rank in per.index else None
         channels = list(row["channels"]) if row is not None else []
         cost, pattern, period, involved, share = cost_pattern(lateness, int(rank))
