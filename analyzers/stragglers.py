@@ -435,11 +435,12 @@ def _above_chance(lateness: pd.DataFrame, candidates: set[int], z_min: float) ->
         remaining[instance[vote & np.isin(rank, list(now))]] = False
 
 
-def cost_pattern(lateness: pd.DataFrame, rank: int) -> tuple[float, str, int | None, list[str], float]:
-    """A slow rank's cost (ns) and how it is spread: `persistent`, `periodic` (with its period, counted
-    in the rank's own collectives), `intermittent` or `one-off`; the first collectives involved
-    (`group:seq`); and the share of its collectives where it held the others up by more than jitter.
-    Per straggler only: a handful of ranks, not every rank of the job."""
+def cost_pattern(lateness: pd.DataFrame, rank: int) -> dict[str, Any]:
+    """A slow rank's cost (`cost_ns`, and `by_group` in ms) and how it is spread (`pattern`:
+    `persistent`, `periodic` with its `period` counted in the rank's own collectives, `intermittent` or
+    `one-off`); the first collectives involved (`instances`, `group:seq`); and the `share` of its
+    collectives where it held the others up by more than jitter. Per straggler only: a handful of
+    ranks, not every rank of the job."""
     instance = lateness["instance"].to_numpy()
     late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
     mine = lateness["rank"].to_numpy() == rank
@@ -450,13 +451,17 @@ def cost_pattern(lateness: pd.DataFrame, rank: int) -> tuple[float, str, int | N
         vote &= coll
     held_all = np.minimum(own, _per_id(np.maximum, instance, late))[mine]
     cost = float(held_all[vote].sum())
+    groups = lateness["group"].astype(str).to_numpy()[mine]
+    by_group = pd.Series(held_all[vote]).groupby(groups[vote]).sum().sort_values(ascending=False)
     vote &= held_all >= MIN_COMPUTE_NS  # the pattern of the holds that matter, not of jitter's
     held = held_all[vote]
     rank_instances = instance[mine]
     part = pd.DataFrame({"instance": rank_instances[vote], "held": held,
                          "group": lateness["group"].to_numpy()[mine][vote], "seq": lateness["seq"].to_numpy()[mine][vote]})
-    share = len(part) / max(int(mine.sum()), 1)
-    return (cost, *_pattern(part, int(mine.sum()), np.sort(rank_instances)), share)
+    pattern, period, involved = _pattern(part, int(mine.sum()), np.sort(rank_instances))
+    return {"cost_ns": cost, "pattern": pattern, "period": period, "instances": involved,
+            "share": len(part) / max(int(mine.sum()), 1),
+            "by_group": {str(g): round(float(v) / 1e6, 3) for g, v in by_group.items()}}
 
 
 def _pattern(part: pd.DataFrame, n: int, rank_instances: np.ndarray) -> tuple[str, int | None, list[str]]:
@@ -638,13 +643,15 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     for rank in sorted(set(persistent.index) | significant):
         row = per.loc[rank] if rank in per.index else None
         channels = list(row["channels"]) if row is not None else []
-        cost, pattern, period, involved, share = cost_pattern(lateness, int(rank))
+        how = cost_pattern(lateness, int(rank))
+        cost, pattern, involved = how["cost_ns"], how["pattern"], how["instances"]
         if rank not in persistent.index and pattern == "one-off":
             continue  # one long stall is not a slow rank (its cost shows in `lateness`)
         result.stragglers.append({
             "rank": int(rank), "cost_ms": round(cost / 1e6, 3),
             "cost_pct": round(100 * cost / window, 2) if window > 0 else None,
-            "pattern": pattern, "period": period, "late_share": round(share, 3),
+            "pattern": pattern, "period": how["period"], "late_share": round(how["share"], 3),
+            "cost_by_group_ms": how["by_group"],
             "late_ms_when_late": round(float(costs.at[rank, "late_ns_when_late"]) / 1e6, 3),
             "score": round(float(row["score"]), 2) if row is not None else None,
             "late_ms_median": round(float(row["late_ms_median"]), 3) if row is not None else 0.0,

@@ -43,6 +43,7 @@ def test_every_fourth_step_slow_is_found_with_its_period_and_cost(world: int) ->
     assert s["rank"] == 2 and (s["pattern"], s["period"]) == ("periodic", 4)
     assert 700 < s["cost_ms"] < 800 and s["cost_pct"] > 30 and 25 <= s["late_ms_when_late"] <= 31
     assert s["instances"][:3] == ["0:4", "0:8", "0:12"]
+    assert list(s["cost_by_group_ms"]) == ["0"] and abs(s["cost_by_group_ms"]["0"] - s["cost_ms"]) < 0.01
 
 
 def test_randomly_intermittent_straggler_is_found_with_how_often() -> None:
