@@ -260,6 +260,7 @@ class Analysis:
             "mismatches": [m.as_dict() for m in self._matched.mismatches],
             "gaps": self.gaps(),
             "stragglers": self.slow.stragglers,
+            "costs": self.slow.costs,
             "slow_links": self.slow.slow_links,
             "clock_offsets_ms": {str(r): v for r, v in sorted(self.slow.clock_offsets_ms.items())},
             "unreadable_files": [{"file": p.file, "rank": p.rank, "reason": p.reason} for p in self.problems],

@@ -50,6 +50,7 @@ PERSISTENT_SHARE = 0.6  # patterns: late in at least this share of its collectiv
 ONE_OFF_SHARE = 0.8  # ... most of the cost from a single collective
 PERIODIC_SHARE = 0.75  # ... this share of the gaps between its late collectives equal one period
 SHOWN_INSTANCES = 10  # collectives listed per straggler
+SHOWN_COSTS = 100  # ranks listed in the report's `costs` (postmortem.rank_cost has them all)
 # A gap between two blocking ops shorter than this is overhead, not compute: it could never make a
 # rank late enough to count, and as an instance's shortest gap, scheduler noise of a loaded host
 # (0.1-0.3 ms between a send and the next op) would credit every other member with its whole compute.
@@ -65,6 +66,7 @@ class SlowResult:
     clock_offsets_ms: dict[int, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     window_ms: float | None = None  # the analysed window the stragglers' `cost_pct` is a share of
+    costs: list[dict[str, Any]] = field(default_factory=list)  # the report's `costs`: every rank that cost anything
 
     @property
     def link_matrix(self) -> pd.DataFrame:
@@ -639,6 +641,10 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
                    & (costs["n"] >= MIN_INSTANCES)
                    & (costs["cost_ns"] >= NOISE_RATIO * baseline) & (costs["late_ns_when_late"] >= min_late * 1e6)]
     z_min = max(MIN_VOTE_Z, NormalDist().inv_cdf(1 - FALSE_ALARM / max(len(costs), 1)))
+    top = costs[costs["cost_ns"] > 0].sort_values("cost_ns", ascending=False, kind="stable").head(SHOWN_COSTS)
+    result.costs = [{"rank": int(r), "cost_ms": round(float(c) / 1e6, 3),
+                     "cost_pct": round(100 * float(c) / window, 2) if window > 0 else None, "held_up": int(v)}
+                    for r, c, v in zip(top.index, top["cost_ns"], top["votes"], strict=True)]
     significant = _above_chance(lateness, set(costly.index), z_min) if len(costly) else set()
     for rank in sorted(set(persistent.index) | significant):
         row = per.loc[rank] if rank in per.index else None

@@ -46,6 +46,14 @@ def test_every_fourth_step_slow_is_found_with_its_period_and_cost(world: int) ->
     assert list(s["cost_by_group_ms"]) == ["0"] and abs(s["cost_by_group_ms"]["0"] - s["cost_ms"]) < 0.01
 
 
+def test_every_rank_that_cost_anything_is_in_costs_most_first() -> None:
+    result = find_slow(steps_job(4, lambda r, step, rng: 3.0 if r == 1 else 0.0, seed=5), {"0": 4}, {})
+    costs = result.costs
+    assert costs[0]["rank"] == 1 and costs[0]["held_up"] > 80
+    assert [c["cost_ms"] for c in costs] == sorted((c["cost_ms"] for c in costs), reverse=True)
+    assert all(c["cost_ms"] > 0 for c in costs)
+
+
 def test_randomly_intermittent_straggler_is_found_with_how_often() -> None:
     (s,) = slow(steps_job(4, lambda r, step, rng: 30.0 if r == 1 and rng.random() < 0.25 else 0.0, seed=1), 4)
     assert s["rank"] == 1 and s["pattern"] == "intermittent" and 0.15 < s["late_share"] < 0.35
