@@ -386,25 +386,30 @@ def rank_costs(lateness: pd.DataFrame) -> pd.DataFrame:
     vote = most & (own > 0) & (own >= 0.25 * late) & ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
     held = np.minimum(own, _per_id(np.maximum, instance, late))  # no more than the longest wait it caused
     rank = lateness["rank"].to_numpy().astype(np.int64)
+    width = int(rank.max()) + 1
     enq, comp = lateness["t_enqueue_ns"].to_numpy(), lateness["t_complete_ns"].to_numpy()
-    frame = pd.DataFrame({"rank": rank, "enq": enq, "comp": comp})
-    span = frame.groupby("rank").agg(first=("enq", "min"), last=("comp", "max"), n=("enq", "size"))
-    window = float((span["last"] - span["first"]).median())
-    voted = pd.DataFrame({"rank": rank[vote], "held": held[vote], "own": own[vote], "instance": instance[vote],
-                          "group": lateness["group"].to_numpy()[vote], "seq": lateness["seq"].to_numpy()[vote]})
-    out = pd.DataFrame(index=span.index)
-    out["n"] = span["n"]
+    n = np.bincount(rank, minlength=width)
+    present = np.flatnonzero(n)
+    first = np.full(width, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(width, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, rank, enq.astype(np.int64))  # scattered reductions: no group-by over every row
+    np.maximum.at(last, rank, comp.astype(np.int64))
+    window = float(np.median(last[present] - first[present]))
+    out = pd.DataFrame(index=pd.Index(present, name="rank"))
+    out["n"] = n[present]
     out["window_ns"] = window
-    out["cost_ns"] = voted.groupby("rank")["held"].sum().reindex(out.index, fill_value=0.0)
-    out["votes"] = voted.groupby("rank").size().reindex(out.index, fill_value=0).astype(int)
-    out["late_ns_when_late"] = voted.groupby("rank")["own"].median().reindex(out.index, fill_value=0.0)
+    out["cost_ns"] = np.bincount(rank[vote], weights=held[vote], minlength=width)[present]
+    out["votes"] = np.bincount(rank[vote], minlength=width)[present].astype(int)
+    voted = pd.Series(own[vote]).groupby(rank[vote]).median()  # the voting rows only: few
+    out["late_ns_when_late"] = voted.reindex(out.index, fill_value=0.0)
     # under shared noise each member of an instance someone held up is the one with probability 1/size
     counted = ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
     size = np.bincount(instance[counted], minlength=int(instance.max()) + 1)
     anyone = np.bincount(instance[vote], minlength=len(size)) > 0
     p = np.where(counted & anyone[instance], 1.0 / np.maximum(size[instance], 1), 0.0)
-    chance = pd.DataFrame({"rank": rank, "e": p, "v": p * (1 - p)}).groupby("rank").sum().reindex(out.index, fill_value=0.0)
-    out["vote_z"] = (out["votes"] - chance["e"]) / np.sqrt(np.maximum(chance["v"], 1e-9))
+    expected = np.bincount(rank, weights=p, minlength=width)[present]
+    variance = np.bincount(rank, weights=p * (1 - p), minlength=width)[present]
+    out["vote_z"] = (out["votes"].to_numpy() - expected) / np.sqrt(np.maximum(variance, 1e-9))
     return out
 
 
