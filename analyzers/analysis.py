@@ -252,7 +252,7 @@ class Analysis:
                 "stale": self.stale,
             },
             "jobs": self._data.jobs or {"analysed": {}, "ignored": []},
-            "root_causes": [c.item() for c in causes],
+            "root_causes": [{**c.item(), **self._where(c.rank)} for c in causes],
             "victims": victims,
             "waits": [w.item() for w in waits],
             "cycles": self._causes.cycles,
@@ -269,6 +269,12 @@ class Analysis:
                 for g, d, b, r, how in self.groups[["group", "desc", "backend", "ranks", "membership"]].itertuples(index=False)
             ],
         }
+
+    def _where(self, rank: int) -> dict[str, Any]:
+        """Where to act on a rank: its host, local rank, pid and node rank (torchrun's GROUP_RANK), as
+        its dump says; None where it left no dump or its format does not say (PyTorch's recorder)."""
+        meta = self.dumps[rank].meta if rank in self.dumps else {}
+        return {key: meta.get(key) for key in ("host", "local_rank", "pid", "node_rank")}
 
     def summary(self) -> str:
         """The verdict line: what is wrong, with whom, in one sentence."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -31,10 +32,11 @@ def _fail(message: str) -> None:
 @click.option("--dot", "dot", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the wait-for graph (Graphviz DOT) to FILE.")
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write a self-contained HTML postmortem (verdict, root causes, plots) to FILE.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes (default: chosen from the folder size).")
+@click.option("--hosts", "hosts", is_flag=True, help="Print only the hosts of the root-cause ranks, one per line (to drain or inspect, for scripts).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr (it is only drawn on a terminal anyway).")
 @click.option("--progress", "force_progress", is_flag=True, hidden=True, help="Draw the progress bar even when stderr is not a terminal.")
 def analyze_command(folder: str, fmt: str, dot: Path | None, workers: int | None, html: Path | None = None,
-                    quiet: bool = False, force_progress: bool = False) -> None:
+                    quiet: bool = False, force_progress: bool = False, hosts: bool = False) -> None:
     """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL)."""
     from .analysis import load
     from .progress import ReadProgress
@@ -57,10 +59,27 @@ def analyze_command(folder: str, fmt: str, dot: Path | None, workers: int | None
         from .html_report import render_html
 
         html.write_text(render_html(analysis), encoding="utf-8")
-    if fmt == "json":
+    if hosts:
+        _print_hosts(report)
+    elif fmt == "json":
         click.echo(json.dumps(report, indent=2, default=str))
     else:
         click.echo(text_report(report, analysis.graph))
+
+
+def _print_hosts(report: dict[str, Any]) -> None:
+    """The root causes' hosts, each once, in the report's order; a rank whose host is unknown (no dump)
+    is said on stderr, so that a script never drains the wrong machine."""
+    seen: list[str] = []
+    for cause in report["root_causes"]:
+        for rank in cause.get("ranks") or [cause["rank"]]:
+            host = cause.get("host") if rank == cause["rank"] else None
+            if host is None:
+                click.echo(f"flightrec: rank {rank}: host unknown ({cause['kind']}, no dump names it)", err=True)
+            elif host not in seen:
+                seen.append(host)
+    for host in seen:
+        click.echo(host)
 
 
 @click.command("show")

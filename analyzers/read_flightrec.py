@@ -61,6 +61,7 @@ META_FIELDS = (
     "exit_record",
     "progress",
     "settings",
+    "node_rank",
 )
 
 

@@ -35,6 +35,10 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
         for c in report["root_causes"]:
             group = f"group {c['group']}" + (f" ({c['group_desc']})" if c.get("group_desc") else "")
             lines.append(f"  rank {c['rank']}  {c['kind']}  {group}  {c['op']}  seq {c['seq']}")
+            if c.get("host"):
+                lines.append(f"    on host {c['host']}" + (f", node {c['node_rank']}" if c.get("node_rank") is not None else "")
+                             + (f", local rank {c['local_rank']}" if c.get("local_rank") is not None else "")
+                             + (f", pid {c['pid']}" if c.get("pid") is not None else ""))
             lines.append(f"    {c['detail']}")
             if c.get("site"):
                 lines.append(f"    call site: {c['site']}")

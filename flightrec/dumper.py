@@ -134,12 +134,14 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     groups = rec.groups.table(referenced={e.group for e in entries})
     columns, templates = to_tables(entries, measured)
     local_rank = os.environ.get("LOCAL_RANK")
+    node_rank = os.environ.get("GROUP_RANK")  # torchrun: this node's index among the job's nodes
     return {
         "format": FORMAT,
         "schema_version": SCHEMA_VERSION,
         "rank": rank,
         "world_size": world_size,
         "local_rank": int(local_rank) if local_rank and local_rank.isdigit() else None,
+        "node_rank": int(node_rank) if node_rank and node_rank.isdigit() else None,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "job_id": os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("FLIGHTREC_JOB_ID"),

@@ -94,3 +94,22 @@ def test_python_dash_m(scenario):
     proc = subprocess.run([sys.executable, "-m", "analyzers", "analyze", str(empty)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "empty folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_root_causes_name_where_to_act_and_hosts_prints_them():
+    """Issue 23: host, local rank and pid of each root cause; `--hosts` for scripts."""
+    from tests.helpers import load_dump
+
+    folder = GOLDEN / "compute_hang"
+    dump = load_dump(folder, 2)
+    report = json.loads(CliRunner().invoke(analyze_command, [str(folder), "--format", "json"]).output)
+    (cause,) = report["root_causes"]
+    assert (cause["rank"], cause["host"], cause["local_rank"], cause["pid"]) == (2, dump["host"], dump["local_rank"], dump["pid"])
+    result = CliRunner().invoke(analyze_command, [str(folder), "--hosts"])
+    assert result.exit_code == 0 and result.output.splitlines() == [dump["host"]]
+
+
+def test_hosts_of_a_rank_without_dump_are_unknown_never_guessed():
+    result = CliRunner().invoke(analyze_command, [str(GOLDEN / "crash"), "--hosts"])
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "rank 1: host unknown" in result.stderr
