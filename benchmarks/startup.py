@@ -69,6 +69,30 @@ def start_up_us(starts: int) -> float:
     return statistics.median(times)
 
 
+CLI_TARGETS_S = {"--help": 0.3, "dump-now": 0.3, "analyze (4 ranks)": 1.0}
+
+
+def cli_seconds(starts: int) -> dict[str, float]:
+    """Median wall time of `flightrec --help`, `flightrec dump-now DIR` and `flightrec analyze` of a
+    4-rank golden folder, each in a fresh interpreter (`python -m flightrec`, this checkout)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="flightrec-startup-")
+    golden = os.path.join(ROOT, "fixtures", "golden", "compute_hang")
+    commands = {"--help": ["--help"], "dump-now": ["dump-now", folder], "analyze (4 ranks)": ["analyze", golden, "-q"]}
+    env = {**_env(), "PYTHONPATH": ROOT}
+    out = {}
+    for name, argv in commands.items():
+        times = []
+        for _ in range(starts):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "flightrec", *argv], env=env, check=True, timeout=120,
+                           capture_output=True, cwd=ROOT)
+            times.append(time.perf_counter() - start)
+        out[name] = statistics.median(times)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--starts", type=int, default=30)
@@ -83,6 +107,10 @@ def main() -> None:
     print(f"modules the hook imported: {cost['imported'] or 'none'}")
     verdict = "met" if not cost["imported"] and hook_us / start_up < 0.01 else "NOT met"
     print(f"target: no torch or flightrec import, under 1% of start-up -> {verdict}")
+    for name, seconds in cli_seconds(max(3, args.starts // 6)).items():
+        target = CLI_TARGETS_S[name]
+        print(f"flightrec {name}: {seconds:.2f} s ({seconds / (start_up / 1e6):.0f}x `python -c pass`); "
+              f"target < {target} s -> {'met' if seconds < target else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,13 @@ import click
 from .triggers import request_via_file
 
 _LAZY = {"analyze": "analyze_command", "show": "show_command", "export": "export_command"}
+# what `flightrec --help` lists for them, without importing pandas to ask (tests/recorder/test_cli_startup.py
+# checks these against the commands' own docstrings)
+SUMMARIES = {
+    "analyze": "Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER...",
+    "export": "Write every rank's entries of FOLDER (a path or an fsspec URL), with the...",
+    "show": "List one rank's recorded entries as a table.",
+}
 
 
 class _LazyGroup(click.Group):
@@ -27,6 +34,21 @@ class _LazyGroup(click.Group):
             command = getattr(analysis_cli, _LAZY[name], None)
         return command
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of `--help`, the analysis commands from SUMMARIES: listing them must not
+        import the analyzer (pandas, networkx: most of a second)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in _LAZY:
+                rows.append((name, SUMMARIES[name]))
+                continue
+            command = super().get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width - 6 - max(len(n) for n in self.list_commands(ctx)))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     @staticmethod
     def _available() -> list[str]:
         import importlib.util
@@ -39,7 +61,12 @@ class _LazyGroup(click.Group):
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="flightrec")
 def main() -> None:
-    """Flight recorder and hang analyzer for torch.distributed jobs."""
+    """Flight recorder and hang analyzer for torch.distributed jobs.
+
+    Record: run the unmodified job with FLIGHTREC=1 in its environment (e.g. FLIGHTREC=1 torchrun ...);
+    each rank dumps into FLIGHTREC_DIR (default ./flightrec-dumps) when an op hangs or fails. Then:
+    flightrec analyze FLIGHTREC_DIR.
+    """
 
 
 @main.command("dump-now")

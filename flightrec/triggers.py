@@ -13,8 +13,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-
 from . import log
 
 REQUEST_KEY = "flightrec/dump-request"
@@ -44,6 +42,8 @@ class StoreTrigger:
     def _connect(self) -> Any:
         if self._store is not None:
             return self._store
+        import torch.distributed as dist  # here: `flightrec dump-now` imports this module and needs no torch
+
         if time.monotonic() < self._next_connect or not dist.is_initialized():
             return None
         self._next_connect = time.monotonic() + _RETRY_CONNECT_S
