@@ -21,8 +21,13 @@ from .read import rank_from_name, read_path
 EXIT_UNUSABLE = 2
 
 
-def _fail(message: str) -> None:
-    click.echo(f"flightrec: {message}", err=True)
+NO_DUMPS_HINT = ("did the job run with FLIGHTREC=1 in its environment? Each rank dumps into FLIGHTREC_DIR "
+                 "(default ./flightrec-dumps) when an op hangs or fails, at exit with FLIGHTREC_DUMP_ON_EXIT=1, or on "
+                 "`flightrec dump-now DIR`")
+
+
+def _fail(message: str, hint: str | None = None) -> None:
+    click.echo(f"flightrec: {message}" + (f"\n  {hint}" if hint else ""), err=True)
     sys.exit(EXIT_UNUSABLE)
 
 
@@ -47,7 +52,7 @@ def analyze_command(folder: str, fmt: str, dot: Path | None, workers: int | None
         analysis = load(folder, workers=workers, progress=bar.progress, on_count=bar.on_count)
     except UnusableInput as exc:
         bar.close()
-        _fail(str(exc))
+        _fail(str(exc), NO_DUMPS_HINT)
         return
     bar.close()
     for problem in analysis.problems:
@@ -93,7 +98,7 @@ def show_command(folder: Path, rank: int, group: str | None) -> None:
     try:
         files = discover(folder)
     except UnusableInput as exc:
-        _fail(str(exc))
+        _fail(str(exc), NO_DUMPS_HINT)
         return
     named = [f for f in files if rank_from_name(f.name) == rank]
     problems = []
@@ -119,7 +124,7 @@ def export_command(folder: str, out: Path, workers: int | None) -> None:
     try:
         analysis = load(folder, workers=workers)
     except UnusableInput as exc:
-        _fail(str(exc))
+        _fail(str(exc), NO_DUMPS_HINT)
         return
     for problem in analysis.problems:
         click.echo(f"flightrec: skipped {problem.line()}", err=True)

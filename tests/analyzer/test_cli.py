@@ -113,3 +113,9 @@ def test_hosts_of_a_rank_without_dump_are_unknown_never_guessed():
     result = CliRunner().invoke(analyze_command, [str(GOLDEN / "crash"), "--hosts"])
     assert result.exit_code == 0 and result.stdout == ""
     assert "rank 1: host unknown" in result.stderr
+
+
+def test_no_dumps_says_how_to_get_them(tmp_path):
+    result = CliRunner().invoke(analyze_command, [str(tmp_path)])
+    assert result.exit_code == 2 and "empty folder" in result.stderr
+    assert "FLIGHTREC=1" in result.stderr and "FLIGHTREC_DIR" in result.stderr
