@@ -33,4 +33,8 @@ def test_startup_benchmark_finds_no_import_by_the_hook() -> None:
     lines = done.stdout.splitlines()
     assert lines[0].startswith("start-up hook: ") and lines[0].endswith("flightrec.pth")
     assert "modules the hook imported: none" in lines
-    assert lines[-1].startswith("target: no torch or flightrec import, under 1% of start-up -> ")
+    assert any(line.startswith("target: no torch or flightrec import, under 1% of start-up -> ") for line in lines)
+    # the command's own start-up is timed too (issue 23): one line per command, with its target
+    timed = [line for line in lines if line.startswith("flightrec ")]
+    assert [line.split(":")[0] for line in timed] == ["flightrec --help", "flightrec dump-now", "flightrec analyze (4 ranks)"]
+    assert all(" s (" in line and "target < " in line for line in timed), timed
