@@ -317,7 +317,49 @@ def clock_offsets(lateness: pd.DataFrame, wall_offsets: dict[int, int]) -> dict[
     return {int(r): round(float(v) / 1e6, 3) for r, v in dev.items()}
 
 
-def rank_scores(lateness: pd.DataFrame, min_late_ms: float = MIN_LATE_MS) -> pd.DataFrame:
+@dataclass
+class _Holds:
+    """Who held each timed instance up and for how long: computed once per analysis for the cost rules
+    (rank_costs, _above_chance, cost_pattern), each a pass over every member of every instance."""
+
+    instance: np.ndarray
+    rank: np.ndarray
+    own: np.ndarray
+    held: np.ndarray  # its own lateness, no more than the longest wait it caused there
+    vote: np.ndarray  # the most own lateness of its instance, > 0 and at least a quarter of its raw lateness
+    gap_known: np.ndarray  # not the rank's first timed op (whose lateness may be start-up skew)
+    transfer: np.ndarray  # a send/recv, not a collective
+
+    @property
+    def counted(self) -> np.ndarray:
+        """The rows cost counts: collectives after the rank's first timed op."""
+        return ~self.transfer & self.gap_known
+
+
+def _holds(lateness: pd.DataFrame) -> _Holds:
+    instance = lateness["instance"].to_numpy()
+    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
+    most = own == _per_id(np.maximum, instance, own)  # no member's own work was longer
+    return _Holds(instance=instance, rank=lateness["rank"].to_numpy().astype(np.int64), own=own,
+                  held=np.minimum(own, _per_id(np.maximum, instance, late)),
+                  vote=most & (own > 0) & (own >= 0.25 * late), gap_known=_gap_known(lateness),
+                  transfer=_is_transfer(lateness["channel"]))
+
+
+def _vote_z(h: _Holds, live: np.ndarray, width: int) -> np.ndarray:
+    """Per rank id: how far its count of held-up instances among `live` rows exceeds chance, in standard
+    deviations. Under shared noise each member of an instance someone held up is the one with
+    probability 1/size."""
+    size = np.bincount(h.instance[live], minlength=int(h.instance.max()) + 1)
+    anyone = np.bincount(h.instance[h.vote & live], minlength=len(size)) > 0
+    p = np.where(live & anyone[h.instance], 1.0 / np.maximum(size[h.instance], 1), 0.0)
+    votes = np.bincount(h.rank[h.vote & live], minlength=width)
+    expected = np.bincount(h.rank, weights=p, minlength=width)
+    variance = np.bincount(h.rank, weights=p * (1 - p), minlength=width)
+    return (votes - expected) / np.sqrt(np.maximum(variance, 1e-9))
+
+
+def rank_scores(lateness: pd.DataFrame, min_late_ms: float = MIN_LATE_MS, holds: _Holds | None = None) -> pd.DataFrame:
     """Per rank: its worst channel's median own lateness, votes and share, and a robust (MAD) score.
 
     A channel is one collective group or one direction to one peer: a slow pipeline stage is late
@@ -328,9 +370,8 @@ def rank_scores(lateness: pd.DataFrame, min_late_ms: float = MIN_LATE_MS) -> pd.
     rank's own. Not "arrived last": on a busy host members leave a collective up to milliseconds
     apart, which reorders arrivals at the next one, but not the extra work each did in between.
     """
-    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
-    most = own == _per_id(np.maximum, lateness["instance"].to_numpy(), own)  # no member's own work was longer
-    vote = most & (own > 0) & (own >= 0.25 * late)
+    h = holds if holds is not None else _holds(lateness)
+    own, vote = h.own, h.vote
     rank, channel = lateness["rank"].to_numpy(), lateness["channel"].cat.codes.to_numpy()
     key = ids_within_ranks(rank, channel)  # per (rank, channel)
     first = first_rows(key)
@@ -366,10 +407,11 @@ def rank_scores(lateness: pd.DataFrame, min_late_ms: float = MIN_LATE_MS) -> pd.
     return per
 
 
-def rank_costs(lateness: pd.DataFrame) -> pd.DataFrame:
+def rank_costs(lateness: pd.DataFrame, holds: _Holds | None = None) -> pd.DataFrame:
     """Per rank: what its own work cost the others (`cost_ns`: the summed time it held up the
-    collectives and transfers where it had the most own lateness), in how many (`votes` of `n`),
-    the analysed window (`window_ns`), its pattern and the collectives involved.
+    collectives where it had the most own lateness), in how many (`votes`) of its `n` timed ops,
+    the analysed window (`window_ns`), its median own lateness where it held them up, and how far
+    above chance it did (`vote_z`, see _vote_z). `holds`: _holds(lateness), when the caller has it.
 
     Why cost and not a median: a rank 30 ms slow on every fourth step has a median lateness of zero,
     yet the others wait for it a quarter of the time; two equally slow ranks each hold half the votes.
@@ -380,12 +422,9 @@ def rank_costs(lateness: pd.DataFrame) -> pd.DataFrame:
     cols = ["cost_ns", "votes", "n", "window_ns", "late_ns_when_late", "vote_z"]
     if lateness.empty:
         return pd.DataFrame(columns=cols)
-    instance = lateness["instance"].to_numpy()
-    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
-    most = own == _per_id(np.maximum, instance, own)
-    vote = most & (own > 0) & (own >= 0.25 * late) & ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
-    held = np.minimum(own, _per_id(np.maximum, instance, late))  # no more than the longest wait it caused
-    rank = lateness["rank"].to_numpy().astype(np.int64)
+    h = holds if holds is not None else _holds(lateness)
+    vote = h.vote & h.counted
+    rank = h.rank
     width = int(rank.max()) + 1
     enq, comp = lateness["t_enqueue_ns"].to_numpy(), lateness["t_complete_ns"].to_numpy()
     n = np.bincount(rank, minlength=width)
@@ -398,71 +437,51 @@ def rank_costs(lateness: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=pd.Index(present, name="rank"))
     out["n"] = n[present]
     out["window_ns"] = window
-    out["cost_ns"] = np.bincount(rank[vote], weights=held[vote], minlength=width)[present]
+    out["cost_ns"] = np.bincount(rank[vote], weights=h.held[vote], minlength=width)[present]
     out["votes"] = np.bincount(rank[vote], minlength=width)[present].astype(int)
-    voted = pd.Series(own[vote]).groupby(rank[vote]).median()  # the voting rows only: few
+    voted = pd.Series(h.own[vote]).groupby(rank[vote]).median()  # the voting rows only: few
     out["late_ns_when_late"] = voted.reindex(out.index, fill_value=0.0)
-    # under shared noise each member of an instance someone held up is the one with probability 1/size
-    counted = ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
-    size = np.bincount(instance[counted], minlength=int(instance.max()) + 1)
-    anyone = np.bincount(instance[vote], minlength=len(size)) > 0
-    p = np.where(counted & anyone[instance], 1.0 / np.maximum(size[instance], 1), 0.0)
-    expected = np.bincount(rank, weights=p, minlength=width)[present]
-    variance = np.bincount(rank, weights=p * (1 - p), minlength=width)[present]
-    out["vote_z"] = (out["votes"].to_numpy() - expected) / np.sqrt(np.maximum(variance, 1e-9))
+    out["vote_z"] = _vote_z(h, h.counted, width)[present]
     return out
 
 
-def _above_chance(lateness: pd.DataFrame, candidates: set[int], z_min: float) -> set[int]:
+def _above_chance(h: _Holds, candidates: set[int], z_min: float) -> set[int]:
     """The candidates that hold the others up more often than chance, found step by step: the most
     significant first, then the others over the collectives it did not hold up (two equally slow ranks
     split the votes, so against all collectives the second looks barely above its share)."""
-    instance = lateness["instance"].to_numpy()
-    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
-    counted = ~_is_transfer(lateness["channel"]) & _gap_known(lateness)
-    vote = (own == _per_id(np.maximum, instance, own)) & (own > 0) & (own >= 0.25 * late) & counted
-    rank = lateness["rank"].to_numpy().astype(np.int64)
-    remaining = np.ones(int(instance.max()) + 1 if len(instance) else 0, dtype=bool)
+    remaining = np.ones(int(h.instance.max()) + 1 if len(h.instance) else 0, dtype=bool)
+    width = int(h.rank.max()) + 1 if len(h.rank) else 0
     chosen: set[int] = set()
-    width = int(rank.max()) + 1 if len(rank) else 0
     while True:
-        live = counted & remaining[instance]
-        size = np.bincount(instance[live], minlength=len(remaining))
-        anyone = np.bincount(instance[vote & live], minlength=len(remaining)) > 0
-        p = np.where(live & anyone[instance], 1.0 / np.maximum(size[instance], 1), 0.0)
-        votes = np.bincount(rank[vote & live], minlength=width)
-        z = (votes - np.bincount(rank, weights=p, minlength=width)) / np.sqrt(
-            np.maximum(np.bincount(rank, weights=p * (1 - p), minlength=width), 1e-9))
+        z = _vote_z(h, h.counted & remaining[h.instance], width)
         passing = [r for r in candidates - chosen if z[r] >= z_min]
         if not passing:
             return chosen
         best = max(float(z[r]) for r in passing)
         now = {r for r in passing if z[r] == best}  # equals: all of them, never the lowest rank
         chosen |= now
-        remaining[instance[vote & np.isin(rank, list(now))]] = False
+        remaining[h.instance[h.vote & h.counted & np.isin(h.rank, list(now))]] = False
 
 
-def cost_pattern(lateness: pd.DataFrame, rank: int) -> dict[str, Any]:
+def cost_pattern(lateness: pd.DataFrame, rank: int, holds: _Holds | None = None) -> dict[str, Any]:
     """A slow rank's cost (`cost_ns`, and `by_group` in ms) and how it is spread (`pattern`:
     `persistent`, `periodic` with its `period` counted in the rank's own collectives, `intermittent` or
     `one-off`); the first collectives involved (`instances`, `group:seq`); and the `share` of its
     collectives where it held the others up by more than jitter. Per straggler only: a handful of
-    ranks, not every rank of the job."""
-    instance = lateness["instance"].to_numpy()
-    late, own = lateness["late_ns"].to_numpy(), lateness["own_late_ns"].to_numpy()
-    mine = lateness["rank"].to_numpy() == rank
-    most = own[mine] == _per_id(np.maximum, instance, own)[mine]
-    vote = most & (own[mine] > 0) & (own[mine] >= 0.25 * late[mine]) & _gap_known(lateness)[mine]
-    coll = ~_is_transfer(lateness["channel"])[mine]
+    ranks, not every rank of the job. `holds`: _holds(lateness), when the caller has it."""
+    h = holds if holds is not None else _holds(lateness)
+    mine = h.rank == rank
+    vote = (h.vote & h.gap_known)[mine]
+    coll = ~h.transfer[mine]
     if (vote & coll).any():  # else a slow pipeline stage, found on its transfers: its cost is theirs
         vote &= coll
-    held_all = np.minimum(own, _per_id(np.maximum, instance, late))[mine]
+    held_all = h.held[mine]
     cost = float(held_all[vote].sum())
     groups = lateness["group"].astype(str).to_numpy()[mine]
     by_group = pd.Series(held_all[vote]).groupby(groups[vote]).sum().sort_values(ascending=False)
     vote &= held_all >= MIN_COMPUTE_NS  # the pattern of the holds that matter, not of jitter's
     held = held_all[vote]
-    rank_instances = instance[mine]
+    rank_instances = h.instance[mine]
     part = pd.DataFrame({"instance": rank_instances[vote], "held": held,
                          "group": lateness["group"].to_numpy()[mine][vote], "seq": lateness["seq"].to_numpy()[mine][vote]})
     pattern, period, involved = _pattern(part, int(mine.sum()), np.sort(rank_instances))
@@ -636,10 +655,11 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
                                 f"({MIN_INSTANCES} needed)")
         return result
     min_late = ESTIMATED_MIN_LATE_MS if estimated else MIN_LATE_MS
-    per = rank_scores(lateness, min_late)
+    holds = _holds(lateness)
+    per = rank_scores(lateness, min_late, holds)
     persistent = per[(per["score"] >= MIN_SCORE) & (per["vote_share"] >= per["min_share"])
                      & (per["late_ms_median"] >= min_late)]
-    costs = rank_costs(lateness)
+    costs = rank_costs(lateness, holds)
     baseline = float(costs["cost_ns"].quantile(0.25)) if len(costs) else 0.0
     window = float(costs["window_ns"].iloc[0]) if len(costs) else 0.0
     costly = costs[(costs["cost_ns"] >= MIN_COST_PCT / 100 * window) & (costs["votes"] >= MIN_COST_VOTES)
@@ -650,11 +670,11 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     result.costs = [{"rank": int(r), "cost_ms": round(float(c) / 1e6, 3),
                      "cost_pct": round(100 * float(c) / window, 2) if window > 0 else None, "held_up": int(v)}
                     for r, c, v in zip(top.index, top["cost_ns"], top["votes"], strict=True)]
-    significant = _above_chance(lateness, set(costly.index), z_min) if len(costly) else set()
+    significant = _above_chance(holds, set(costly.index), z_min) if len(costly) else set()
     for rank in sorted(set(persistent.index) | significant):
         row = per.loc[rank] if rank in per.index else None
         channels = list(row["channels"]) if row is not None else []
-        how = cost_pattern(lateness, int(rank))
+        how = cost_pattern(lateness, int(rank), holds)
         cost, pattern, involved = how["cost_ns"], how["pattern"], how["instances"]
         if rank not in persistent.index and pattern == "one-off":
             continue  # one long stall is not a slow rank (its cost shows in `lateness`)
