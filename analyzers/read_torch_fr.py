@@ -169,7 +169,7 @@ def _entries(
     group = t.group_id[codes]
     seq = _group_seq(coll_raw, group, is_p2p, recorder, int(record_id[0]) > 0, notes)
 
-    states = _state_codes(ops.get("state"))
+    states = _StateCodes(ops.get("state"))
     times = {name: _ns(ops.get(field), n) for name, field in TIME_FIELDS.items()}
     no_events = "retired" in ops.fields and not states.any_event() and not any(
         bool((~t_.isna() & (t_ > 0)).any()) for name, t_ in times.items() if name != "t_enqueue_ns"
@@ -341,7 +341,7 @@ def _numbered(values: list[Any]) -> np.ndarray:
     return np.asarray([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
 
 
-class _state_codes:  # noqa: N801 - reads as a function at its call site
+class _StateCodes:
     """The `state` field (`scheduled`, `started`, `completed`) factorised once."""
 
     def __init__(self, values: Sequence[Any] | None) -> None:
