@@ -1,4 +1,5 @@
-"""Build hook: compile the recorder's optional C hot path (flightrec/_fastpath.c).
+"""Build hook: compile the recorder's optional C hot path (flightrec/_fastpath.c), and place the
+analyzer, the notebook and the demo's job inside the package of a (non-editable) wheel (`BUNDLED`).
 
 Why a hook and not setuptools: the package is otherwise pure Python and built by hatchling; one C
 file needs only the compiler and Python's headers. A missing compiler or a failed build is not an
@@ -20,6 +21,16 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 SOURCE = os.path.join("flightrec", "_fastpath.c")
+# What the wheel ships inside the package although the source tree keeps it at the top: a wheel must
+# not install top-level `analyzers` or `fixtures` packages (PyPI has both names). flightrec/parts.py
+# finds each in either place. Editable installs map nothing: they expose `flightrec` alone
+# (pyproject.toml: dev-mode-exact) and parts.py finds these next to it.
+BUNDLED = {
+    "analyzers": "flightrec/analyzers",
+    "notebooks/postmortem.ipynb": "flightrec/notebooks/postmortem.ipynb",
+    "fixtures/launch.py": "flightrec/_demo/launch.py",  # `flightrec demo`: the bounded torchrun launcher
+    "fixtures/jobs/train.py": "flightrec/_demo/jobs/train.py",  # ... and the job it runs
+}
 
 
 def compile_fastpath(root: str, out_dir: str) -> str | None:
@@ -48,7 +59,12 @@ class FastPathHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
-        if self.target_name != "wheel" or os.environ.get("FLIGHTREC_BUILD_C") == "0":
+        if self.target_name != "wheel":
+            return
+        if version != "editable":
+            for source, target in BUNDLED.items():
+                build_data["force_include"][os.path.join(self.root, source)] = target
+        if os.environ.get("FLIGHTREC_BUILD_C") == "0":
             return
         if version == "editable":  # imported from the source tree: build next to the sources
             built = compile_fastpath(self.root, os.path.join(self.root, "flightrec"))

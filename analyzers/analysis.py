@@ -6,7 +6,7 @@ the report are computed on first access to `.graph` or `.report()` and then cach
 
 from __future__ import annotations
 
-import os
+from collections import defaultdict
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
@@ -17,6 +17,7 @@ import pandas as pd
 
 from . import groups as groups_mod
 from . import jobs as jobs_mod
+from . import stackview
 from .causes import CauseResult, build_graph, find_causes
 from .columns import Transfers, first_rows, ids_within_ranks, pair_transfers
 from .constants import (
@@ -34,29 +35,31 @@ from .constants import (
     SLOW,
 )
 from .failures import Failure, exited_ranks, find_failures
-from .loader import Dataset, Progress, load_folder
+from .loader import Dataset, Folders, Progress, load_folder
 from .matching import MatchResult, match
 from .memory import release_free_memory
 from .rankdump import RankDump
 from .stragglers import SlowResult, find_slow
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
-from .waits import R_NO_DUMP, R_STALE, R_UNREADABLE, WaitResult, find_waits
+from .waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult, find_waits
 
 SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
 
 NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
 
-def load(folder: str | os.PathLike[str], workers: int | None = None, progress: Progress | None = None,
-         on_count: Callable[[int], None] | None = None) -> Analysis:
+def load(folder: Folders, workers: int | None = None, progress: Progress | None = None,
+         on_count: Callable[[int], None] | None = None, attempt: int | None = None) -> Analysis:
     """Read a dump folder (flightrec and/or PyTorch flight-recorder dumps) and return its Analysis.
 
-    `folder` is a local path or any fsspec URL (`s3://bucket/dumps`, `memory://dumps`, `file://...`).
-    Raises `analyzers.UnusableInput` when the folder is missing, empty, or holds no readable dump.
+    `folder` is a local path or any fsspec URL (`s3://bucket/dumps`, `memory://dumps`, `file://...`),
+    or a list of them read as one job (one folder per node's local disk).
+    Raises `analyzers.UnusableInput` when a folder is missing or empty, or none holds a readable dump.
+    `attempt` analyses that torchelastic restart attempt (default: the latest; see analyzers/attempts.py).
     `workers` forces the number of reader processes (default: chosen from the folder's size);
     `on_count(n_files)` and `progress(n_read)` report the reading (the CLI's progress bar).
     """
-    return Analysis(load_folder(folder, workers, progress, on_count))
+    return Analysis(load_folder(folder, workers, progress, on_count, attempt=attempt))
 
 
 class Analysis:
@@ -228,7 +231,9 @@ class Analysis:
         """Evidence gaps, each a plain sentence: what could not be read, inferred, or told."""
         out = list(self._notes)
         out += _wrap_notes(self.entries, self.dumps)
-        out += self._matched.notes + self._waits.notes + self._causes.notes + self.slow.notes
+        out += self._matched.notes + self._waits.notes + self._causes.notes
+        if self.slow.stragglers or self.verdict not in (HANG, DEADLOCK, CRASH, DESYNC):
+            out += self.slow.notes  # why slow ranks could not be told is noise on a hang report
         if self.missing:
             out.append(f"no dump for rank(s) {ranges(self.missing)}")
         seen: set[str] = set()
@@ -244,6 +249,7 @@ class Analysis:
             "verdict": self.verdict,
             "summary": self.summary(),
             "folder": str(self.folder),
+            "folders": list(self._data.folders) or [str(self.folder)],
             "ranks": {
                 "expected": self.world_size,
                 "dumped": sorted(self.dumps),
@@ -252,9 +258,10 @@ class Analysis:
                 "stale": self.stale,
             },
             "jobs": self._data.jobs or {"analysed": {}, "ignored": []},
+            "attempts": self._data.attempts or {"analysed": 0, "others": []},
             "root_causes": [{**c.item(), **self._where(c.rank)} for c in causes],
             "victims": victims,
-            "waits": [w.item() for w in waits],
+            "waits": [{**w.item(), **self._waiter_place(w)} for w in waits],
             "cycles": self._causes.cycles,
             "failures": [f.item() for f in self.failures],
             "mismatches": [m.as_dict() for m in self._matched.mismatches],
@@ -272,9 +279,26 @@ class Analysis:
 
     def _where(self, rank: int) -> dict[str, Any]:
         """Where to act on a rank: its host, local rank, pid and node rank (torchrun's GROUP_RANK), as
-        its dump says; None where it left no dump or its format does not say (PyTorch's recorder)."""
+        its dump says; None where it left no dump or its format does not say (PyTorch's recorder).
+        Also why its dump was written (`dump_reason`, `dump_reason_detail`)."""
         meta = self.dumps[rank].meta if rank in self.dumps else {}
-        return {key: meta.get(key) for key in ("host", "local_rank", "pid", "node_rank")}
+        return {key: meta.get(key) for key in ("host", "local_rank", "pid", "node_rank")} | {
+            "dump_reason": meta.get("reason"), "dump_reason_detail": meta.get("reason_detail")}
+
+    def _waiter_place(self, w: Wait) -> dict[str, Any]:
+        """Where a waiting rank's program is: the call site of the op it waits in (`site`), and the
+        innermost frame of its own code in the thread inside that op, else its main thread (`where`,
+        with its source line `where_code`): e.g. `loss.backward()` for an op DDP issued from C++."""
+        dump = self.dumps.get(w.rank)
+        threads = [t for t in (dump.threads if dump is not None else []) if isinstance(t, dict)]
+        thread = next((t for t in threads if t.get("in_op") is not None and t.get("in_op") in (w.id, -1)), None) \
+            or next((t for t in threads if t.get("is_main")), None)
+        found = None
+        if thread is not None:
+            stack = [str(f) for f in thread.get("stack") or []]
+            code = thread.get("code")
+            found = stackview.innermost_user(stack, code if isinstance(code, list) else None)
+        return {"site": w.site, "where": found[0] if found else None, "where_code": found[1] if found else None}
 
     def summary(self) -> str:
         """The verdict line: what is wrong, with whom, in one sentence."""
@@ -341,20 +365,54 @@ def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:
     first_row = first_rows(ids)
     lowest = np.full(len(first_row), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(lowest, ids, seq.astype(np.int64))
-    starts_of: dict[int, list[str]] = {}
     names = [str(c) for c in groups.categories]
+    starts_of: dict[int, dict[str, int]] = defaultdict(dict)
     for rr, cc, s in zip(rank[first_row].tolist(), code[first_row].tolist(), lowest.tolist(), strict=True):
-        starts_of.setdefault(rr, []).append(f"group {names[cc]} from seq {s}")  # one pass
-    out = []
+        starts_of[rr][names[cc]] = s  # one pass
+    alike: dict[str, list[int]] = defaultdict(list)  # ranks that lost alike: one sentence (16,384 would be a page)
     for r in wrapped:
         d = dumps[r]
-        lost = f"{d.dropped} entries dropped" if d.dropped else f"oldest record id kept is {d.meta.get('first_id')}"
-        starts = ", ".join(starts_of.get(r, []))
-        out.append(
-            f"rank {r}: ring wrapped ({lost}); its history is partial ({starts or 'no collectives kept'}): "
-            "earlier positions are compared without it"
-        )
+        alike[f"{d.dropped} entries dropped" if d.dropped else f"oldest record id kept is {d.meta.get('first_id')}"].append(r)
+    out = []
+    for lost, ranks in alike.items():
+        starts = _history_starts([starts_of.get(r, {}) for r in ranks])
+        who, its = (f"rank {ranks[0]}", "its") if len(ranks) == 1 else (f"ranks {ranges(ranks)}", "their")
+        each = "" if len(ranks) == 1 else " each"
+        out.append(f"{who}: ring wrapped ({lost}{each}); {its} history is partial ({starts or 'no collectives kept'}): "
+                   f"earlier positions are compared without {'it' if len(ranks) == 1 else 'them'}")
     return out
+
+
+def _history_starts(per_rank: list[dict[str, int]]) -> str:
+    """Where the kept history of each group starts, over several ranks: groups starting alike are named
+    together (`groups 1-128 from seq 45`), a start that differs between the ranks as a range."""
+    span: dict[str, tuple[int, int]] = {}
+    for starts in per_rank:
+        for g, s in starts.items():
+            lo, hi = span.get(g, (s, s))
+            span[g] = (min(lo, s), max(hi, s))
+    by_span: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for g, lo_hi in span.items():
+        by_span[lo_hi].append(g)
+    parts = []
+    for (lo, hi), names in sorted(by_span.items(), key=lambda kv: _group_order(kv[1])):
+        seq = f"seq {lo}" if lo == hi else f"seq {lo}-{hi}"
+        parts.append(f"{_group_names(names)} from {seq}")
+    return ", ".join(parts)
+
+
+def _group_order(names: list[str]) -> tuple[int, str]:
+    low = min(names, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+    return (int(low), "") if low.isdigit() else (1 << 62, low)
+
+
+def _group_names(names: list[str]) -> str:
+    if len(names) == 1:
+        return f"group {names[0]}"
+    if all(n.isdigit() for n in names):
+        return f"groups {ranges(sorted(int(n) for n in names))}"
+    shown = sorted(names)
+    return "groups " + ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
 
 
 def _in_flight_at_snapshot(result: WaitResult, dumps: dict[int, RankDump]) -> None:

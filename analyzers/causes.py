@@ -18,6 +18,7 @@ import networkx as nx
 import pandas as pd
 
 from . import failures as fail
+from . import stackview
 from .constants import (
     COMM_STUCK,
     CPP_SITE,
@@ -35,7 +36,6 @@ from .rankdump import RankDump
 from .textutil import plural, ranges
 from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait
 
-STACK_EXCERPT = 6
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
 CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, CRASHED, EXITED, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
 OWED = {"send": "recv", "recv": "send"}
@@ -57,6 +57,8 @@ class Cause:
     stack: list[str] = field(default_factory=list)
     victims: list[int] = field(default_factory=list)
     group_desc: str = ""
+    source: list[str | None] = field(default_factory=list)  # each stack frame's source line, where known
+    last_op: str | None = None  # the rank's newest recorded op, as text
 
     def item(self) -> dict[str, Any]:
         """The report's `root_causes` item."""
@@ -71,7 +73,9 @@ class Cause:
             "ranks": self.ranks or [self.rank],
             "site": self.site,
             "stack": self.stack,
+            "source": self.source or [None] * len(self.stack),
             "victims": self.victims,
+            "last_op": self.last_op,
         }
 
 
@@ -214,6 +218,7 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
         elif f is not None and f.kind == fail.EXITED and c.kind == NOT_ENTERED:
             c.kind = EXITED
             last = _last_op(entries, c.rank)
+            c.last_op = last
             c.detail = (f"rank {c.rank} exited normally" + (f" after {last}" if last else "")
                         + f"; the others still wait for it in {_label(c.group, c.seq, c.op, desc)}")
         elif f is not None and f.kind in (fail.PEER_LOST, fail.TERMINATED) and roots and c.kind in (
@@ -233,7 +238,8 @@ def _attach_traceback(c: Cause, dump: RankDump | None) -> None:
     exc = dump.meta.get("exception") if dump is not None else None
     if isinstance(exc, dict) and exc.get("traceback"):
         frames = [str(f) for f in exc["traceback"]]
-        c.stack, c.site = frames[-STACK_EXCERPT:], frames[-1]
+        c.stack, c.source = stackview.excerpt(frames, exc.get("code"))
+        c.site = frames[-1]
 
 
 def _instance_key(w: Wait) -> tuple[Any, ...]:
@@ -289,7 +295,7 @@ def _missing(r: int, g: str, s: int, op: str, why: str, waited: dict[tuple[str, 
 def _not_entered(
     r: int, g: str, s: int, op: str, waited: dict[tuple[str, int, str], list[int]], dump: RankDump, entries: pd.DataFrame, desc: dict[str, str]
 ) -> Cause:
-    stack, where = _main_stack(dump)
+    stack, source, where = _main_stack(dump)
     last = _last_op(entries, r)
     parts = [f"rank {r} has not entered {_label(g, s, op, desc)}", f"awaited in {_awaited_by(waited, desc)}"]
     if last:
@@ -303,17 +309,25 @@ def _not_entered(
         why = dump.meta.get("reason_detail")
         parts.append(f"its dump was written on {reason}" + (f" ({why})" if why else ""))
     return Cause(
-        rank=r, kind=NOT_ENTERED, group=g, seq=s, op=op, detail="; ".join(parts), site=where, stack=stack, group_desc=desc.get(g, "")
+        rank=r, kind=NOT_ENTERED, group=g, seq=s, op=op, detail="; ".join(parts), site=where, stack=stack,
+        group_desc=desc.get(g, ""), source=source, last_op=last,
     )
 
 
-def _main_stack(dump: RankDump) -> tuple[list[str], str | None]:
+def _main_stack(dump: RankDump) -> tuple[list[str], list[str | None], str | None]:
+    """The main thread's stack as the report keeps it (stackview.excerpt), its source lines, and its
+    innermost frame."""
     threads = dump.threads
     main = next((t for t in threads if t.get("is_main")), None) or next((t for t in threads if t.get("name") == "MainThread"), None)
     frames = [str(f) for f in (main or {}).get("stack") or []]
+    code = list((main or {}).get("code") or [None] * len(frames))
+    if len(code) != len(frames):
+        code = [None] * len(frames)
     while frames and RECORDER_FRAME.search(frames[-1]):  # the recorder writing this very dump
         frames.pop()
-    return frames[-STACK_EXCERPT:], (frames[-1] if frames else None)
+        code.pop()
+    stack, source = stackview.excerpt(frames, code)
+    return stack, source, (frames[-1] if frames else None)
 
 
 def _last_op(entries: pd.DataFrame, r: int) -> str | None:

@@ -14,9 +14,10 @@ from typing import Any
 import click
 
 from .columns import concat_entries
-from .loader import UnusableInput, discover
+from .loader import AttemptNotFound, UnusableInput, discover
 from .rankdump import RankDump
 from .read import rank_from_name, read_path
+from .textutil import ranges
 
 EXIT_UNUSABLE = 2
 
@@ -32,27 +33,31 @@ def _fail(message: str, hint: str | None = None) -> None:
 
 
 @click.command("analyze")
-@click.argument("folder")
+@click.argument("folders", metavar="FOLDER...", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Report format.")
 @click.option("--dot", "dot", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the wait-for graph (Graphviz DOT) to FILE.")
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write a self-contained HTML postmortem (verdict, root causes, plots) to FILE.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes (default: chosen from the folder size).")
 @click.option("--hosts", "hosts", is_flag=True, help="Print only the hosts of the root-cause ranks, one per line (to drain or inspect, for scripts).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr (it is only drawn on a terminal anyway).")
+@click.option("--verbose", "-v", is_flag=True, help="Text report: every root cause, wait, gap and stack frame (default: ~30 lines).")
 @click.option("--progress", "force_progress", is_flag=True, hidden=True, help="Draw the progress bar even when stderr is not a terminal.")
-def analyze_command(folder: str, fmt: str, dot: Path | None, workers: int | None, html: Path | None = None,
-                    quiet: bool = False, force_progress: bool = False, hosts: bool = False) -> None:
-    """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL)."""
+@click.option("--attempt", "attempt", type=click.IntRange(min=0), default=None, help="Analyse this torchelastic restart attempt (default: the latest in the folders).")
+def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, workers: int | None, html: Path | None = None,
+                    quiet: bool = False, force_progress: bool = False, hosts: bool = False, verbose: bool = False,
+                    attempt: int | None = None) -> None:
+    """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL;
+    several folders, one per node's local disk, are read as one job)."""
     from .analysis import load
     from .progress import ReadProgress
     from .render import text_report, to_dot
 
     bar = ReadProgress(enabled=not quiet, force=force_progress)
     try:
-        analysis = load(folder, workers=workers, progress=bar.progress, on_count=bar.on_count)
+        analysis = load(list(folders), workers=workers, progress=bar.progress, on_count=bar.on_count, attempt=attempt)
     except UnusableInput as exc:
         bar.close()
-        _fail(str(exc), NO_DUMPS_HINT)
+        _fail(str(exc), None if isinstance(exc, AttemptNotFound) else NO_DUMPS_HINT)
         return
     bar.close()
     for problem in analysis.problems:
@@ -63,13 +68,15 @@ def analyze_command(folder: str, fmt: str, dot: Path | None, workers: int | None
     if html is not None:
         from .html_report import render_html
 
-        html.write_text(render_html(analysis), encoding="utf-8")
+        page = render_html(analysis)
+        html.write_text(page, encoding="utf-8")
+        click.echo(f"flightrec: wrote the HTML postmortem to {html} ({len(page.encode()):,} bytes)", err=True)
     if hosts:
         _print_hosts(report)
     elif fmt == "json":
         click.echo(json.dumps(report, indent=2, default=str))
     else:
-        click.echo(text_report(report, analysis.graph))
+        click.echo(text_report(report, analysis.graph, verbose=verbose, folder=" ".join(folders)))
 
 
 def _print_hosts(report: dict[str, Any]) -> None:
@@ -88,48 +95,84 @@ def _print_hosts(report: dict[str, Any]) -> None:
 
 
 @click.command("show")
-@click.argument("folder", type=click.Path(path_type=Path))
+@click.argument("folders", metavar="FOLDER...", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--rank", "rank", type=int, required=True, help="Global rank whose entries to list.")
 @click.option("--group", "group", default=None, help="Only this process group (its name, e.g. 0).")
-def show_command(folder: Path, rank: int, group: str | None) -> None:
-    """List one rank's recorded entries as a table."""
+@click.option("--attempt", "attempt", type=click.IntRange(min=0), default=None, help="That torchelastic restart attempt's dump (default: the latest).")
+def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attempt: int | None = None) -> None:
+    """List one rank's recorded entries as a table (FOLDER...: one or more folders of one job)."""
     from .render import entry_table
 
     try:
-        files = discover(folder)
+        files = [f for folder in dict.fromkeys(folders) for f in discover(folder)]
     except UnusableInput as exc:
         _fail(str(exc), NO_DUMPS_HINT)
         return
     named = [f for f in files if rank_from_name(f.name) == rank]
-    problems = []
-    for path in named or files:  # the rank's own file first; a full scan only if the names do not say
+    got, problems = _rank_dump(named, files, rank, attempt)
+    if got is not None:
+        click.echo(entry_table(concat_entries([got.entries]), rank, group, got.meta.get("wall_offset_ns")))
+        return
+    have = sorted({r for r in (rank_from_name(f.name) for f in files) if r is not None})
+    where = " ".join(map(str, folders))
+    _fail(f"rank {rank}: no readable dump in {where}" + (f" ({'; '.join(problems)})" if problems else ""),
+          f"ranks with a dump file there: {ranges(have)}" if have else None)
+
+
+def _rank_dump(named: list[Path], files: list[Path], rank: int, attempt: int | None) -> tuple[RankDump | None, list[str]]:
+    """The rank's dump of `attempt` (default: its latest restart attempt) and the problems of its files.
+    Every file named for the rank is read (one per attempt); a full scan only if the names do not say."""
+    from .attempts import NoSuchAttempt, attempt_of, split_attempts
+
+    problems: list[str] = []
+    found: list[RankDump] = []
+    for path in named or files:
         got = read_path(str(path))
         if isinstance(got, RankDump) and got.rank == rank:
-            click.echo(entry_table(concat_entries([got.entries]), rank, group))
-            return
-        if not isinstance(got, RankDump) and path in named:
+            found.append(got)
+            if not named and (attempt is None or attempt_of(got) == attempt):
+                break
+        elif not isinstance(got, RankDump) and path in named:
             problems.append(got.line())
-    _fail(f"rank {rank}: no readable dump in {folder}" + (f" ({'; '.join(problems)})" if problems else ""))
+    if not found:
+        return None, problems
+    try:
+        kept = split_attempts(found, attempt).kept
+    except NoSuchAttempt as exc:
+        return None, problems + [str(exc)]
+    return sorted(kept, key=lambda d: str(d.file))[0], problems
 
 
 @click.command("export")
-@click.argument("folder")
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Parquet file for the entries; the groups go to OUT's name with .groups.parquet.")
+@click.argument("folders", metavar="FOLDER...", nargs=-1, required=True)
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Parquet file for the entries; the groups go to OUT's name with .groups.parquet.")
+@click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every rank's ops, waits and root causes (gzip if FILE ends with .gz).")
+@click.option("--trace-last", "trace_last", type=click.IntRange(min=1), default=None, help="Only each rank's N most recent entries in the --trace timeline (default: all).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes (default: chosen from the folder size).")
-def export_command(folder: str, out: Path, workers: int | None) -> None:
-    """Write every rank's entries of FOLDER (a path or an fsspec URL), with the analyzer's derived columns, and the group table as Parquet."""
+@click.option("--attempt", "attempt", type=click.IntRange(min=0), default=None, help="Analyse this torchelastic restart attempt (default: the latest in the folders).")
+def export_command(folders: tuple[str, ...], out: Path | None, workers: int | None, trace: Path | None = None,
+                   attempt: int | None = None, trace_last: int | None = None) -> None:
+    """Write every rank's entries of FOLDER (a path or an fsspec URL), with the analyzer's derived columns, as Parquet (--out) and/or as a timeline for Perfetto (--trace)."""
     from .analysis import load
-    from .export import export
 
+    if out is None and trace is None:
+        raise click.UsageError("nothing to write: give --out FILE (Parquet), --trace FILE (timeline), or both")
     try:
-        analysis = load(folder, workers=workers)
+        analysis = load(list(folders), workers=workers, attempt=attempt)
     except UnusableInput as exc:
-        _fail(str(exc), NO_DUMPS_HINT)
+        _fail(str(exc), None if isinstance(exc, AttemptNotFound) else NO_DUMPS_HINT)
         return
     for problem in analysis.problems:
         click.echo(f"flightrec: skipped {problem.line()}", err=True)
-    done = export(analysis, out)
-    click.echo(f"wrote {done.entries} entries to {done.entries_path} and {done.groups} groups to {done.groups_path}")
+    if out is not None:
+        from .export import export
+
+        done = export(analysis, out)
+        click.echo(f"wrote {done.entries} entries to {done.entries_path} and {done.groups} groups to {done.groups_path}")
+    if trace is not None:
+        from .trace_events import write_trace
+
+        click.echo(write_trace(analysis, trace, last_ops=trace_last).line())
 
 
 @click.group("flightrec-analyzers")

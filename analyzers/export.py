@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,12 +57,54 @@ def export(a: Analysis, out: str | os.PathLike[str]) -> Exported:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"schema": EXPORT_SCHEMA, "folder": str(a.folder), "verdict": a.verdict, "summary": a.summary()}
-    entries = postmortem.entries(a).reset_index(drop=True)
+    entries = as_list_columns(postmortem.entries(a).reset_index(drop=True))
     groups = group_table(a)
     groups_path = groups_path_for(path)
     _write(entries, path, meta | {"table": "entries"})
     _write(groups, groups_path, meta | {"table": "groups"})
     return Exported(path, groups_path, len(entries), len(groups))
+
+
+SHAPE_COLUMNS = ("in_shapes", "out_shapes")
+DTYPE_COLUMNS = ("in_dtypes", "out_dtypes")
+
+
+def as_list_columns(entries: pd.DataFrame) -> pd.DataFrame:
+    """Shapes as list<list<int64>> (one list of dimensions per tensor) and dtypes as list<string>, not
+    text of Python lists: what a notebook filters and compares on. Each distinct value is parsed once."""
+    out = entries.copy(deep=False)
+    for name in SHAPE_COLUMNS:
+        if name in out.columns:
+            out[name] = _parsed(out[name], _shapes)
+    for name in DTYPE_COLUMNS:
+        if name in out.columns:
+            out[name] = _parsed(out[name], _dtypes)
+    return out
+
+
+def _parsed(column: pd.Series, parse: Callable[[str], list | None]) -> pd.Series:
+    codes, uniques = pd.factorize(column.astype(object), use_na_sentinel=True)
+    table = np.empty(len(uniques) + 1, dtype=object)
+    table[:-1] = [parse(str(u)) for u in uniques]
+    table[-1] = None
+    return pd.Series(table[codes], index=column.index, dtype=object)
+
+
+def _shapes(text: str) -> list[list[int]] | None:
+    """`[[2, 8], [4]]` -> [[2, 8], [4]]; anything else (a format that wrote no shapes) -> None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, list) and all(isinstance(t, list) and all(isinstance(d, int) for d in t) for t in value):
+        return value
+    return None
+
+
+def _dtypes(text: str) -> list[str] | None:
+    """`float32,int64` -> ["float32", "int64"]; empty -> None."""
+    parts = [p for p in text.split(",") if p]
+    return parts or None
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:

@@ -13,8 +13,9 @@ from html import escape
 from typing import Any
 
 from . import postmortem as pm
+from . import render
 from .analysis import Analysis
-from .textutil import ranges
+from .textutil import ranges, who
 
 MAX_ROWS = 200  # per table: a 16k-rank job stays a page, not a 10 MB document
 VERDICT_COLORS = {"healthy": "#2ca02c", "slow": "#e6a100", "hang": "#d62728", "desync": "#9467bd", "deadlock": "#8c1c13"}
@@ -53,7 +54,7 @@ def render_html(a: Analysis) -> str:
         "<h1>flightrec postmortem</h1>",
         f'<p class="muted">{escape(str(rep["folder"]))}</p>',
         f'<p class="summary"><span class="verdict" style="background:{color}">{escape(verdict)}</span>'
-        f"{escape(rep['summary'])}</p>",
+        f"{escape(render.headline(rep).split(': ', 1)[-1])}</p>",
         f'<p class="muted">{r["expected"]} ranks expected, {len(r["dumped"])} dumped'
         + (f", missing {escape(ranges(r['missing']))}" if r["missing"] else "")
         + (f", unreadable {escape(ranges(r['unreadable']))}" if r["unreadable"] else "")
@@ -66,7 +67,8 @@ def render_html(a: Analysis) -> str:
     parts += _costs(a)
     parts += _mismatches(rep)
     if rep["gaps"]:
-        parts += ["<h2>Evidence gaps</h2>", '<ul class="gaps">'] + [f"<li>{escape(g)}</li>" for g in rep["gaps"]] + ["</ul>"]
+        parts += ["<h2>Evidence gaps</h2>", '<ul class="gaps">'] + [
+            f"<li>{escape(g)}</li>" for g in render.group_gaps(rep["gaps"])] + ["</ul>"]
     parts += ["<h2>Ranks</h2>"] + _ranks(a)
     parts.append('<p class="muted">written by flightrec analyze --html</p></body></html>')
     return "\n".join(parts)
@@ -96,28 +98,24 @@ def _ranks(a: Analysis) -> list[str]:
 
 
 def _causes(rep: dict[str, Any]) -> list[str]:
+    """Each root cause as the text report's labelled lines (verbose), its stack as a traceback."""
     out = ["<h2>Root causes</h2>"]
     if not rep["root_causes"]:
         return out + ["<p>None: no rank is blocked by another.</p>"]
-    for c in rep["root_causes"]:
-        group = f"group {c['group']}" + (f" ({c['group_desc']})" if c.get("group_desc") else "")
+    causes = [render.cause_view(c, rep) for c in rep["root_causes"]]
+    for i, c in enumerate(causes):
+        lines = render.cause_lines(c, rep, i, len(causes), verbose=True)
         out.append('<div class="cause">')
-        out.append(f'<div class="head">rank {c["rank"]} &mdash; {escape(c["kind"])} &mdash; {escape(str(c["op"]))} '
-                   f"in {escape(group)}, seq {c['seq']}</div>")
-        out.append(f"<div>{escape(c['detail'])}</div>")
-        if c.get("site"):
-            out.append(f"<div>call site: <code>{escape(c['site'])}</code></div>")
-        if c.get("stack"):
-            out.append("<div>stack (innermost last):</div><pre>" + escape("\n".join(c["stack"])) + "</pre>")
-        elif c["kind"] == "not_entered":
-            out.append('<div class="muted">stack: not in the dump</div>')
+        out.append(f'<div class="head">{escape(lines[0])}</div>')
+        out.append("<pre>" + escape("\n".join(line[2:] for line in lines[1:])) + "</pre>")
         if c.get("victims"):
-            out.append(f"<div>victims: {escape(ranges(c['victims']))}</div>")
+            out.append(f"<div>held up: {escape(who(c['victims']))}</div>")
         out.append("</div>")
     return out
 
 
 def _plots(a: Analysis) -> list[str]:
+    """The plots that have something to show; the others named in one line with why (no empty panels)."""
     out = ["<h2>Plots</h2>"]
     try:
         from . import plots
@@ -125,10 +123,17 @@ def _plots(a: Analysis) -> list[str]:
         figures = plots.all_figures(a)
     except ImportError as exc:
         return out + [f'<p class="muted">{escape(str(exc))}</p>']
+    skipped = []
     for title, fig in figures.items():
+        note = getattr(fig, "flightrec_note", None)
+        if note:
+            skipped.append(f"{escape(title)} ({escape(note)})")
+            continue
         data = base64.b64encode(plots.to_png(fig)).decode("ascii")
         out.append(f"<h3>{escape(title)}</h3>")
         out.append(f'<img alt="{escape(title)}" src="data:image/png;base64,{data}">')
+    if skipped:
+        out.append('<p class="muted">not drawn: ' + "; ".join(skipped) + "</p>")
     return out
 
 

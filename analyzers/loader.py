@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import read_torch_fr, sources
+from .attempts import NoSuchAttempt, split_attempts
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .jobs import split_jobs
@@ -40,16 +41,22 @@ class UnusableInput(Exception):
     """The folder cannot be analyzed at all (missing, empty, or no readable dump)."""
 
 
+class AttemptNotFound(UnusableInput):
+    """The restart attempt asked for has no dump in the folders (the message lists those present)."""
+
+
 @dataclass
 class Dataset:
-    """Everything read from one folder, before any analysis."""
+    """Everything read from one folder (or several read as one job), before any analysis."""
 
-    folder: Path | str  # a str for fsspec URLs (kept as given)
+    folder: Path | str  # a str for fsspec URLs (kept as given) and for several folders (joined by spaces)
     dumps: dict[int, RankDump]
     entries: pd.DataFrame
     problems: list[FileProblem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     jobs: dict[str, Any] | None = None  # the report's `jobs`: the analysed job and the ignored ones (jobs.py)
+    attempts: dict[str, Any] | None = None  # the report's `attempts`: restart attempt analysed, the others (attempts.py)
+    folders: list[str] = field(default_factory=list)  # every folder read, as given
 
     @property
     def unreadable_ranks(self) -> set[int]:
@@ -111,8 +118,10 @@ def read_batch(names: list[str]) -> Batch:
     return Batch(results, slim(table), spans)  # a worker's heap is short-lived
 
 
-def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None) -> list[Batch]:
-    """Read every file, in a process pool when the folder is big enough to pay for one."""
+def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None,
+               full_names: bool = False) -> list[Batch]:
+    """Read every file, in a process pool when the folder is big enough to pay for one.
+    `full_names`: each result's `file` is its path as given, not its name (files of several folders)."""
     size = sum(_size(p) for p in paths)
     cpus = os.cpu_count() or 1
     if workers is None:
@@ -123,7 +132,7 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
         shared = SharedMembers()
         out = []
         for n in names:
-            out.append(shared(read_path(n)))
+            out.append(_named(shared(read_path(n)), n, full_names))
             tick(1)
         return [Batch(out)]  # entries stay with their dumps: nothing to send across processes
     ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
@@ -133,12 +142,18 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
     shared = SharedMembers()
     out = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=reuse_freed_memory) as pool:
-        for batch in pool.map(read_batch, batches):
-            for result in batch.results:
-                shared(result)
+        for names_read, batch in zip(batches, pool.map(read_batch, batches), strict=True):
+            for n, result in zip(names_read, batch.results, strict=True):
+                _named(shared(result), n, full_names)
             out.append(batch)
             tick(len(batch.results))
     return out
+
+
+def _named(result: RankDump | FileProblem | SideFile, path: str, full: bool) -> RankDump | FileProblem | SideFile:
+    if full:
+        result.file = path
+    return result
 
 
 def merge_batches(batches: list[Batch], chosen: dict[int, RankDump]) -> pd.DataFrame:
@@ -193,41 +208,92 @@ class SharedMembers:
         return shared
 
 
-def load_folder(folder: str | os.PathLike[str], workers: int | None = None, progress: Progress | None = None,
-                on_count: Callable[[int], None] | None = None) -> Dataset:
-    """Read a dump folder (a local path or any fsspec URL) into a Dataset.
+Folders = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
-    Raises UnusableInput when nothing in it can be analyzed. `on_count` is told the number of files
-    before reading starts and `progress` after each one (the CLI's progress bar).
-    """
+
+@dataclass
+class _Source:
+    """One folder to read: its files (local) or its filesystem and object names (an fsspec URL)."""
+
+    given: str  # as the caller wrote it
     path: Path | str
-    if sources.is_url(folder):
-        path = str(folder)
-        fs, names = _discover_url(path)
-        if on_count is not None:
-            on_count(len(names))
-        batches = [Batch(sources.read_all(fs, names, progress))]  # read in this process: entries stay per dump
-    else:
-        path = Path(sources.local_path(folder) if isinstance(folder, str) else folder)
-        files = discover(path)
-        if on_count is not None:
-            on_count(len(files))
-        batches = read_files(files, workers, progress)
+    files: list[Path] = field(default_factory=list)
+    fs: Any = None
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.names) if self.fs is not None else len(self.files)
+
+
+def _sources(folder: Folders) -> list[_Source]:
+    """Every folder given, each once, discovered (raises UnusableInput naming a missing or empty one)."""
+    given = [folder] if isinstance(folder, (str, os.PathLike)) else list(folder)
+    if not given:
+        raise UnusableInput("no folder given")
+    out: list[_Source] = []
+    seen: set[str] = set()
+    for f in given:
+        if sources.is_url(f):
+            key = str(f).rstrip("/")
+            if key not in seen:
+                seen.add(key)
+                fs, names = _discover_url(str(f))
+                out.append(_Source(str(f), str(f), fs=fs, names=names))
+            continue
+        path = Path(sources.local_path(f) if isinstance(f, str) else f)
+        key = os.path.realpath(path)
+        if key not in seen:  # the same folder twice would make every rank a duplicate of itself
+            seen.add(key)
+            out.append(_Source(os.fspath(f), path, files=discover(path)))
+    return out
+
+
+def load_folder(folder: Folders, workers: int | None = None, progress: Progress | None = None,
+                on_count: Callable[[int], None] | None = None, attempt: int | None = None) -> Dataset:
+    """Read a dump folder (a local path or any fsspec URL), or several read as one job (one per
+    node's local disk, say), into a Dataset.
+
+    Raises UnusableInput when a folder is missing or empty, or nothing can be analyzed. `attempt`
+    picks a torchelastic restart attempt (default: the latest; attempts.py). `on_count` is told the
+    number of files before reading starts and `progress` after each one (the CLI's progress bar).
+    With several folders, files are named by their path (the same name may be in two folders).
+    """
+    found = _sources(folder)
+    several = len(found) > 1
+    if on_count is not None:
+        on_count(sum(s.count for s in found))
+    local = [p for s in found if s.fs is None for p in s.files]
+    batches = read_files(local, workers, progress, full_names=several) if local else []
+    for s in found:
+        if s.fs is not None:  # read in this process: entries stay per dump
+            results = sources.read_all(s.fs, s.names, progress)
+            if several:
+                base = s.given.rstrip("/")
+                for name, result in zip(s.names, results, strict=True):
+                    result.file = f"{base}/{name.rstrip('/').rsplit('/', 1)[-1]}"
+            batches.append(Batch(results))
+    where = str(found[0].path) if not several else " ".join(s.given for s in found)
     everything = [r for b in batches for r in b.results]
     problems = [r for r in everything if isinstance(r, FileProblem)]
-    split = split_jobs([r for r in everything if isinstance(r, RankDump)])  # another job's dumps: set aside, named
+    try:  # a restart attempt's dumps first: a restart is the same job, armed later (attempts.py)
+        tried = split_attempts([r for r in everything if isinstance(r, RankDump)], attempt)
+    except NoSuchAttempt as exc:
+        raise AttemptNotFound(f"{where}: {exc}") from None
+    split = split_jobs(tried.kept)  # another job's dumps: set aside, named
     dumps, notes = _one_per_rank(split.kept)
     notes = split.notes + notes
     problems += _attach_side_files([r for r in everything if isinstance(r, SideFile)], dumps)
     if not dumps:
         lines = "; ".join(p.line() for p in problems[:5]) + ("; ..." if len(problems) > 5 else "")
-        raise UnusableInput(f"{path}: no readable dump ({lines})")
+        raise UnusableInput(f"{where}: no readable dump ({lines})")
     notes += _version_notes(dumps)
     notes += _merge_notes(dumps)
     entries = merge_batches(batches, dumps)
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
-    return Dataset(folder=path, dumps=dumps, entries=entries, problems=problems, notes=notes, jobs=split.jobs)
+    return Dataset(folder=found[0].path if not several else where, dumps=dumps, entries=entries, problems=problems,
+                   notes=notes, jobs=split.jobs, attempts=tried.report, folders=[s.given for s in found])
 
 
 def _attach_side_files(sides: list[SideFile], dumps: dict[int, RankDump]) -> list[FileProblem]:

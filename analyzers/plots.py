@@ -21,6 +21,7 @@ import pandas as pd
 
 from . import postmortem as pm
 from .analysis import Analysis
+from .render import headline
 from .textutil import ranges
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
 def _note(ax: Axes, text: str) -> None:
     """Nothing to draw: a short figure that says why."""
     fig = ax.get_figure()
+    fig.flightrec_note = text  # type: ignore[union-attr]  # the HTML page lists it instead of an empty panel
     fig.set_size_inches(fig.get_size_inches()[0], 1.4)
     ax.set_frame_on(False)
     ax.text(0.5, 0.5, textwrap.fill(text, 70), ha="center", va="center", transform=ax.transAxes, color="#555555")
@@ -108,7 +110,7 @@ def timeline(a: Analysis, width: float = 11.0, last_ops: int = 200) -> Figure:
     ranks = _rank_rows(a)
     fig = _figure(width, min(max(2.6, 0.32 * len(ranks) + 1.6), 24))
     ax = fig.add_subplot()
-    ax.set_title(textwrap.shorten(a.summary(), 120) + (f" (last {last_ops} ops per rank)" if trimmed else ""),
+    ax.set_title(textwrap.shorten(headline(a.report()), 120) + (f" (last {last_ops} ops per rank)" if trimmed else ""),
                  fontsize=10, loc="left")
     start = df["t_enqueue_wall_ns"].astype("float64")
     if start.notna().sum() == 0:
@@ -253,7 +255,7 @@ def wait_graph(a: Analysis, width: float = 9.0) -> Figure:
     rep = a.report()
     fig = _figure(width, 4.0)
     ax = fig.add_subplot()
-    ax.set_title(textwrap.shorten(rep["summary"], 110), fontsize=10, loc="left")
+    ax.set_title(textwrap.shorten(headline(rep), 110), fontsize=10, loc="left")
     ax.set_axis_off()
     if a.graph.number_of_edges() == 0:
         _note(ax, f"no rank is waiting for another ({a.graph.number_of_nodes()} ranks)")

@@ -28,12 +28,12 @@ try:  # optional: 2-3x faster than the standard library on big dumps; same resul
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-FLIGHTREC_NAME = re.compile(r"^rank-(\d+)\.json(?:\.gz)?$")
+FLIGHTREC_NAME = re.compile(r"^rank-(\d+)(?:\.attempt-\d+)?\.json(?:\.gz)?$")  # attempt: torchelastic restarts
 TRAILING_RANK = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?(?:\.gz)?$")
 
 
 def rank_from_name(name: str) -> int | None:
-    """`rank-00003.json.gz` -> 3, `nccl_trace_rank_3` / `comm_lib_trace_rank_3.json` -> 3,
+    """`rank-00003.json.gz` / `rank-00003.attempt-2.json.gz` -> 3, `nccl_trace_rank_3` / `comm_lib_trace_rank_3.json` -> 3,
     `hccl_trace_rank_3_py_traceback` -> 3, else None."""
     name = name.removesuffix(read_torch_fr.PY_TRACEBACK_SUFFIX)
     if name.startswith("rank-"):  # flightrec's own names; `rank-unknown-<pid>` names no rank

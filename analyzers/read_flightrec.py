@@ -43,6 +43,7 @@ META_FIELDS = (
     "host",
     "pid",
     "job_id",
+    "attempt",
     "store",
     "armed_wall_ns",
     "torch_version",
@@ -62,7 +63,10 @@ META_FIELDS = (
     "progress",
     "settings",
     "node_rank",
+    "graph_captured_ops",
 )
+NOTE_GRAPHS = ("collectives captured into CUDA graphs are recorded once, when captured: their replays run "
+               "without the recorder seeing them, and they have no device times")
 
 
 def is_flightrec(obj: Any) -> bool:
@@ -135,6 +139,7 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
         threads=threads,
         meta=meta,
         pg_status=parse_pg_status(pg_status),
+        notes=[NOTE_GRAPHS] if isinstance(obj.get("graph_captured_ops"), int) and obj["graph_captured_ops"] > 0 else [],
     )
 
 

@@ -6,74 +6,354 @@ graph) and may change wording freely.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
 import networkx as nx
 import pandas as pd
 
-from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
+from . import stackview
+from .constants import COMM_STUCK, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from .textutil import channel_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
 
-MAX_CHAIN_LINES = 20
-MAX_LIST = 20
-SHOW_COLUMNS = ["id", "group", "seq", "kind", "op", "peer", "state", "in_shapes", "out_shapes", "in_dtypes", "reduce_op", "site"]
+# What each root-cause kind means, in the words an on-call engineer would use (report-format.md has the kinds).
+KIND_WORDS = {
+    NOT_ENTERED: "never reached the op its peers wait in",
+    MISSING_DUMP: "left no usable dump",
+    MISMATCH: "called an op its peers did not",
+    COMM_STUCK: "every member entered the op, and it never completed (suspect the link or device)",
+    KIND_DEADLOCK: "waits in a cycle",
+    CRASHED: "crashed",
+    EXITED: "exited while its peers still wait for it",
+}
+HANG_VERDICTS = ("hang", "deadlock", "crash", "desync")
+DEFAULT_STACK_FRAMES = 5  # frames of a root cause's stack in the default output (-v: all the report keeps)
+DEFAULT_WAIT_LINES = 2
+DEFAULT_GAP_LINES = 3
+DEFAULT_OTHER_CAUSES = 3
+GAP_WIDTH = 200
 
 
-def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None) -> str:
-    """Verdict on the first line, then root causes, a compact wait chain, mismatches and evidence gaps."""
-    lines = [report["summary"]]
-    r = report["ranks"]
-    lines.append(
-        f"ranks: {r['expected']} expected, {len(r['dumped'])} dumped"
-        + (f", missing {ranges(r['missing'])}" if r["missing"] else "")
-        + (f", unreadable {ranges(r['unreadable'])}" if r["unreadable"] else "")
-        + (f", stale {ranges(r['stale'])}" if r.get("stale") else "")
-    )
+def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose: bool = False,
+                folder: str | None = None) -> str:
+    """What happened in plain words on the first line, then labelled detail: the root causes (where to
+    act, where each is stuck, its stack as a traceback), where the waiting ranks are, evidence gaps
+    grouped, and what to run next. Under ~30 lines at any world size; `verbose` prints everything."""
+    lines = [headline(report)]
+    lines.append(_evidence_line(report))
     lines += _warnings(report)
-    if report["root_causes"]:
-        lines += ["", "root causes:"]
-        for c in report["root_causes"]:
-            group = f"group {c['group']}" + (f" ({c['group_desc']})" if c.get("group_desc") else "")
-            lines.append(f"  rank {c['rank']}  {c['kind']}  {group}  {c['op']}  seq {c['seq']}")
-            if c.get("host"):
-                lines.append(f"    on host {c['host']}" + (f", node {c['node_rank']}" if c.get("node_rank") is not None else "")
-                             + (f", local rank {c['local_rank']}" if c.get("local_rank") is not None else "")
-                             + (f", pid {c['pid']}" if c.get("pid") is not None else ""))
-            lines.append(f"    {c['detail']}")
-            if c.get("site"):
-                lines.append(f"    call site: {c['site']}")
-            if c.get("stack"):
-                lines.append("    stack (innermost last):")
-                lines += [f"      {f}" for f in c["stack"]]
-            if c.get("victims"):
-                lines.append(f"    victims: {ranges(c['victims'])}")
-    chain = _chain(report, graph)
+    causes = [cause_view(c, report) for c in report["root_causes"]]
+    if causes:
+        shown = causes if verbose else causes[:1]
+        for i, c in enumerate(shown):
+            lines += [""] + cause_lines(c, report, i, len(causes), verbose)
+        rest = causes[len(shown):]
+        if rest:
+            lines += ["", f"other root causes ({len(rest)}):"]
+            lines += [f"  rank {c['rank']}: {_cause_phrase(c)}" for c in rest[:DEFAULT_OTHER_CAUSES]]
+            if len(rest) > DEFAULT_OTHER_CAUSES:
+                lines.append(f"  ... {plural(len(rest) - DEFAULT_OTHER_CAUSES, 'more')} (-v lists them)")
+    chain = _waiting_lines(report, graph, verbose)
     if chain:
-        lines += ["", "wait chain (waiters -> awaited):"] + chain
+        lines += ["", "waiting ranks (waiters -> awaited, where the waiters are):"] + chain
     if report["mismatches"]:
-        lines += ["", f"mismatches ({len(report['mismatches'])}):"]
-        for m in report["mismatches"][:MAX_LIST]:
-            vals = "; ".join(f"{v!s} on {ranges(rs)}" for v, rs in m["values"].items())
-            lines.append(f"  group {m['group']} seq {m['seq']} {m['op']}: {m['field']} differs on rank(s) {ranges(m['ranks'])} ({vals})")
-        if len(report["mismatches"]) > MAX_LIST:
-            lines.append(f"  ... {len(report['mismatches']) - MAX_LIST} more (--format json lists all)")
+        lines += [""] + _mismatch_lines(report, verbose)
     if report.get("stragglers"):
-        lines += ["", "stragglers (by what they cost the others, most first):"]
+        top = report["stragglers"] if verbose else report["stragglers"][:3]
+        lines += ["", "slow ranks (by what they cost the others, most first):"]
         lines += [f"  rank {s['rank']}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
                   f"on {', '.join(channel_text(c) for c in (s.get('channels') or s['groups'])) or '-'}"
                   + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else "")
-                  for s in report["stragglers"]]
+                  for s in top]
+        if len(report["stragglers"]) > len(top):
+            lines.append(f"  ... {plural(len(report['stragglers']) - len(top), 'more slow rank')} (-v lists them)")
     if report.get("slow_links"):
         lines += ["", "slow links:"] + [f"  {k['src']} -> {k['dst']}: {k['transfer_ms_median']:.2f} ms "
-                                          f"({k['ratio']:.1f}x the other links)" for k in report["slow_links"]]
-    if report["gaps"]:
-        lines += ["", "evidence gaps:"] + [f"  - {g}" for g in report["gaps"]]
+                                          f"({k['ratio']:.1f}x the other links)" for k in report["slow_links"][:None if verbose else 3]]
+    lines += _gap_lines(report["gaps"], verbose)
+    lines += [""] + _next_steps(report, folder, verbose)
     return "\n".join(lines)
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The first line: what happened, to whom, and who is held up by it, in plain words."""
+    verdict = report["verdict"]
+    causes = [cause_view(c, report) for c in report["root_causes"]]
+    if not causes or verdict not in HANG_VERDICTS:
+        return f"{verdict.upper()}: {report['summary'].split(': ', 1)[-1]}"
+    c = causes[0]
+    direct = _waiters_of(report, c["rank"])
+    here = _position(c) if c.get("op") is not None else None
+    waiters = next((rs for pos, rs in direct if pos == here), None) or sorted({r for _, rs in direct for r in rs})
+    held = len(report.get("victims") or c.get("victims") or [])
+    me = f"rank {c['rank']}"
+    if c["kind"] == NOT_ENTERED:
+        what = f"{me} never reached {_position(c)}"
+    elif c["kind"] == MISSING_DUMP:
+        what = f"{me} left no usable dump, and its peers wait for it in {_position(c)}"
+    elif c["kind"] == EXITED:
+        what = f"{me} exited while its peers still wait for it in {_position(c)}"
+    elif c["kind"] == CRASHED:
+        exc = _exception_text(c)
+        what = f"{me} crashed" + (f" ({exc})" if exc else "")
+    elif c["kind"] == COMM_STUCK:
+        what = (f"every member of group {_group_name(c)} entered {_op_at(c)} and it never completed: suspect the "
+                f"link or device of {who(c['ranks'])}")
+    elif c["kind"] == KIND_DEADLOCK:
+        cycle = set(c["ranks"])
+        inside = [f"rank {w['rank']} in {_position(_with_desc(w, report))}" for w in report["waits"] if w["rank"] in cycle]
+        what = f"{who(cycle)} wait for each other: " + ", ".join(inside)
+        waiters = sorted({w["rank"] for w in report["waits"] if set(w["waits_for"]) & cycle} - cycle)
+        more_causes = [x for x in causes[1:] if not (x["kind"] == KIND_DEADLOCK and set(x["ranks"]) == cycle)]
+        tail = f"; {who(waiters, 40)} {'waits' if len(waiters) == 1 else 'wait'} behind them" if waiters else ""
+        return f"{verdict.upper()}: {what}{tail}" + (
+            f" (and {plural(len(more_causes), 'more root cause')})" if more_causes else "")
+    elif c["kind"] == MISMATCH and len(c.get("ranks") or [c["rank"]]) > 1:
+        what = f"{who(c['ranks'])} disagree at {_position(c)}, and the dumps cannot tell which one diverged"
+    else:
+        what = _mismatch_words(c, report)
+    if c["kind"] == CRASHED:
+        tail = f"; {plural(held, 'rank')} failed, were stopped or wait after it" if held else ""
+    elif waiters:
+        tail = f"; {who(waiters, 40)} {'waits' if len(waiters) == 1 else 'wait'} for it"
+        tail += f" ({held} ranks held up in all)" if held > len(waiters) else ""
+    else:
+        tail = f"; {plural(held, 'rank')} held up" if held else ""
+    more = len(causes) - 1
+    return f"{verdict.upper()}: {what}{tail}" + (f" (and {plural(more, 'more root cause')})" if more else "")
+
+
+def cause_view(c: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """A root cause with the peer of its p2p op (from its own wait, or its one waiter's)."""
+    if c.get("op") not in P2P_OPS or c.get("peer") is not None:
+        return c
+    own = next((w for w in report["waits"] if w["rank"] == c["rank"] and w["group"] == c.get("group")
+                and w["op"] == c["op"]), None)
+    if own is not None and own.get("peer") is not None:
+        return {**c, "peer": own["peer"]}
+    waiters = [w["rank"] for w in report["waits"] if c["rank"] in w["waits_for"] and w["group"] == c.get("group")
+               and w["op"] in P2P_OPS]
+    return {**c, "peer": waiters[0]} if len(set(waiters)) == 1 else c
+
+
+def _with_desc(w: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    desc = next((g.get("desc") or "" for g in report.get("groups", []) if g["group"] == w["group"]), "")
+    return {**w, "group_desc": desc}
+
+
+def _mismatch_words(c: dict[str, Any], report: dict[str, Any]) -> str:
+    """`rank 1 called all_gather where its peers called all_reduce, at #4 of group 0` (from the mismatch
+    item at the cause's position)."""
+    m = next((m for m in report["mismatches"] if m["group"] == c.get("group") and m["seq"] == c.get("seq")
+              and c["rank"] in m["ranks"]), None)
+    where = f"#{c.get('seq')} of group {_group_name(c)}"
+    if m is None:
+        return f"rank {c['rank']} entered an op its peers did not, at {where}"
+    mine = next((v for v, rs in m["values"].items() if c["rank"] in rs), "?")
+    theirs = [v for v in m["values"] if v != mine]
+    if m["field"] == "op":
+        return f"rank {c['rank']} called {mine} where its peers called {' / '.join(theirs) or '?'}, at {where}"
+    return (f"rank {c['rank']}'s {m['op']} at {where} has {m['field']} {mine} where its peers have "
+            f"{' / '.join(theirs) or '?'}")
+
+
+def _evidence_line(report: dict[str, Any]) -> str:
+    r = report["ranks"]
+    return (f"evidence: {len(r['dumped'])} of {r['expected']} ranks dumped"
+            + (f"; no dump from {rank_text(r['missing'])}" if r["missing"] else "")
+            + (f"; unreadable {rank_text(r['unreadable'])}" if r["unreadable"] else "")
+            + (f"; stale {rank_text(r['stale'])}" if r.get("stale") else ""))
+
+
+def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbose: bool) -> list[str]:
+    """One root cause as labelled lines."""
+    title = "root cause" + (f" {i + 1} of {n}" if n > 1 else "")
+    out = [f"{title}: rank {c['rank']}{'' if len(c.get('ranks') or []) <= 1 else ' (with ' + who([r for r in c['ranks'] if r != c['rank']]) + ')'}"
+           f" — {KIND_WORDS.get(c['kind'], c['kind'])} [{c['kind']}]"]
+
+    def label(name: str, text: str | None) -> None:
+        if text:
+            out.append(f"  {name:<11} {text}")
+
+    label("where", _host_text(c))
+    if c.get("op") is not None:
+        label("position", _position(c))
+    waiters = _waiters_of(report, c["rank"])
+    if c.get("op") is not None:  # those in its own position first: the rest wait behind them
+        waiters.sort(key=lambda kv: kv[0] != _position(c))
+    if waiters:
+        label("waited by", "; ".join(f"{who(rs)} in {pos}"
+                                     for pos, rs in waiters[: None if verbose else 2])
+              + (f"; {plural(len(waiters) - 2, 'more position')}" if not verbose and len(waiters) > 2 else ""))
+    if c["kind"] in (NOT_ENTERED, EXITED):
+        label("now at", _now_at(c))
+        label("last op", PATH_PREFIX.sub(r"\1", c.get("last_op") or "") or None)
+    else:
+        label("why", c["detail"] if verbose or len(c["detail"]) <= 300 else c["detail"][:297] + "...")
+        label("call site", c.get("site") if c["kind"] != CRASHED else None)
+    if c.get("dump_reason"):
+        label("dump", f"written on {c['dump_reason']}" + (f" ({c['dump_reason_detail']})" if c.get("dump_reason_detail") and verbose else ""))
+    stack, source = list(c.get("stack") or []), list(c.get("source") or [])
+    if stack:
+        if not verbose:
+            stack, source = stackview.excerpt(stack, source, limit=DEFAULT_STACK_FRAMES, outer=1)
+        kind = "traceback of its error" if c["kind"] == CRASHED else "main thread's stack"
+        out.append(f"  {kind} (most recent call last):")
+        out += stackview.traceback_lines(stack, source, indent="    ")
+    elif c["kind"] in (NOT_ENTERED, MISSING_DUMP, EXITED):
+        out.append("  (no thread stacks in its dump: where it is stuck is unknown)")
+    return out
+
+
+def _cause_phrase(c: dict[str, Any]) -> str:
+    at = f" at {_position(c)}" if c.get("op") is not None else ""
+    return f"{KIND_WORDS.get(c['kind'], c['kind'])}{at} [{c['kind']}]" + (f" on host {c['host']}" if c.get("host") else "")
+
+
+def _now_at(c: dict[str, Any]) -> str | None:
+    if not c.get("site"):
+        return None
+    source = c.get("source") or []
+    code = source[-1] if source and (c.get("stack") or [None])[-1] == c["site"] else None
+    return stackview.where_text(c["site"], code) + " (main thread)"
+
+
+def _host_text(c: dict[str, Any]) -> str | None:
+    if not c.get("host"):
+        return None
+    parts = [f"node {c['node_rank']}" if c.get("node_rank") is not None else None,
+             f"local rank {c['local_rank']}" if c.get("local_rank") is not None else None,
+             f"pid {c['pid']}" if c.get("pid") is not None else None]
+    extra = ", ".join(p for p in parts if p)
+    return f"host {c['host']}" + (f" ({extra})" if extra else "")
+
+
+def _exception_text(c: dict[str, Any]) -> str | None:
+    detail = c.get("detail") or ""
+    for marker in (": uncaught in thread ", "raised "):
+        if marker in detail:
+            return detail.split(marker, 1)[1].split(";")[0][:120]
+    return None
+
+
+def _group_name(c: dict[str, Any]) -> str:
+    return f"{c.get('group')}" + (f" ({c['group_desc']})" if c.get("group_desc") else "")
+
+
+def _op_at(c: dict[str, Any]) -> str:
+    if c.get("op") in P2P_OPS:  # its per-pair number is an internal count: the peer says more
+        peer = c.get("peer")
+        return str(c.get("op")) + (f" {'to' if 'send' in str(c['op']) else 'from'} rank {peer}" if peer is not None and peer >= 0 else "")
+    return f"{c.get('op')} #{c.get('seq')}"
+
+
+def _position(c: dict[str, Any]) -> str:
+    """`all_reduce #9 of group 0 (default_pg)`; p2p ops without their per-pair number (an internal count)."""
+    return f"{_op_at(c)} of group {_group_name(c)}"
+
+
+PATH_PREFIX = re.compile(r"(?<= at )[^ ]*[/\\]([^/\\ ]+:\d+ in )")  # `at /a/b/train.py:9 in` -> `at train.py:9 in`
+P2P_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+def _waiters_of(report: dict[str, Any], rank: int) -> list[tuple[str, list[int]]]:
+    """Who waits for `rank` directly, per position."""
+    desc = {g["group"]: g.get("desc") or "" for g in report.get("groups", [])}
+    rows: dict[str, list[int]] = defaultdict(list)
+    for w in report["waits"]:
+        if rank in w["waits_for"]:
+            rows[_position({**w, "group_desc": desc.get(w["group"], "")})].append(w["rank"])
+    return sorted(rows.items(), key=lambda kv: -len(kv[1]))
+
+
+def _mismatch_lines(report: dict[str, Any], verbose: bool) -> list[str]:
+    shown = report["mismatches"] if verbose else report["mismatches"][:3]
+    out = [f"mismatches ({len(report['mismatches'])}):"]
+    for m in shown:
+        vals = "; ".join(f"{v!s} on {rank_text(rs, 40)}" for v, rs in m["values"].items())
+        out.append(f"  {m['op']} #{m['seq']} of group {m['group']}: {m['field']} differs on {who(m['ranks'], 40)} ({vals})")
+    if len(report["mismatches"]) > len(shown):
+        out.append(f"  ... {len(report['mismatches']) - len(shown)} more (-v or --format json lists all)")
+    return out
+
+
+def _gap_lines(gaps: list[str], verbose: bool) -> list[str]:
+    """Evidence gaps, those that differ only in their rank and numbers told once with the ranks."""
+    grouped = group_gaps(gaps)
+    if not grouped:
+        return []
+    shown = grouped if verbose else grouped[:DEFAULT_GAP_LINES]
+    out = ["", f"evidence gaps ({len(grouped)}):"]
+    for text in shown:
+        text = text if verbose else _short_rank_prefix(text)
+        out.append(f"  - {text if verbose or len(text) <= GAP_WIDTH else text[:GAP_WIDTH - 3] + '...'}")
+    if len(grouped) > len(shown):
+        out.append(f"  ... {plural(len(grouped) - len(shown), 'more')} (-v prints every gap in full)")
+    return out
+
+
+RANKS_PREFIX = re.compile(r"^ranks ((?:\d+(?:-\d+)?, )*\d+(?:-\d+)?): ")
+
+
+def _short_rank_prefix(text: str) -> str:
+    """A gap's leading `ranks 8-23, 40-55, ...:` list cut to one readable phrase."""
+    m = RANKS_PREFIX.match(text)
+    if not m or len(m.group(1)) <= 72:
+        return text
+    ranks = [r for part in m.group(1).split(", ") for r in _span(part)]
+    return f"{who(ranks)}: {text[m.end():]}"
+
+
+def _span(part: str) -> range:
+    a, _, b = part.partition("-")
+    return range(int(a), int(b or a) + 1)
+
+
+RANK_PREFIX = re.compile(r"^rank (\d+): (.*)$", re.S)
+NUMBER = re.compile(r"\d+")
+
+
+def group_gaps(gaps: list[str]) -> list[str]:
+    """`rank 3: X` and `rank 7: X'` where X and X' differ only in numbers become one line naming both ranks
+    (the first rank's figures shown)."""
+    order: list[str] = []
+    ranks: dict[str, list[int]] = defaultdict(list)
+    text: dict[str, str] = {}
+    for g in gaps:
+        m = RANK_PREFIX.match(g)
+        key = NUMBER.sub("#", m.group(2)) if m else g
+        if key not in text:
+            order.append(key)
+            text[key] = m.group(2) if m else g
+        if m:
+            ranks[key].append(int(m.group(1)))
+    out = []
+    for key in order:
+        rs = ranks.get(key)
+        if not rs:
+            out.append(text[key])
+        elif len(rs) == 1:
+            out.append(f"rank {rs[0]}: {text[key]}")
+        else:
+            out.append(f"ranks {rank_text(rs)}: {text[key]} (figures of rank {rs[0]}; -v for each)")
+    return out
+
+
+def _next_steps(report: dict[str, Any], folder: str | None, verbose: bool) -> list[str]:
+    """What to run next, with this folder filled in."""
+    folders = report.get("folders") or [folder or report.get("folder") or "DIR"]
+    where = " ".join(map(str, folders))
+    culprit = report["root_causes"][0]["rank"] if report["root_causes"] else None
+    first = ([] if verbose else [f"flightrec analyze {where} -v"]) + [f"flightrec analyze {where} --html report.html"]
+    second = ([f"flightrec show {where} --rank {culprit}"] if culprit is not None else []) + [
+        f"flightrec export {where} --trace trace.json"] + ([f"flightrec notebook {where}"] if len(folders) == 1 else [])
+    return ["next:  " + "   ".join(first), "       " + "   ".join(second)]
 
 
 def _warnings(report: dict[str, Any]) -> list[str]:
     """Evidence that changes what the verdict is about, stated before it is read: other jobs' dumps set
-    aside, stale dumps taken as unknown (the details are in the gaps)."""
+    aside, stale dumps taken as unknown (the details are in the gaps), other restart attempts' dumps."""
     out = []
     for job in (report.get("jobs") or {}).get("ignored", []):
         name = f'job "{job["job_id"]}"' if job.get("job_id") else "another job"
@@ -83,11 +363,17 @@ def _warnings(report: dict[str, Any]) -> list[str]:
     if stale:
         out.append(f"warning: the dump(s) of rank(s) {ranges(stale)} are stale (much older than the others'): "
                    "taken as no current state (see gaps)")
+    attempts = report.get("attempts") or {}
+    if attempts.get("others"):
+        others = "; ".join(f"attempt {o['attempt']}: rank(s) {ranges(o['ranks'])}" for o in attempts["others"])
+        out.append(f"warning: dumps of other torchelastic restart attempts are here too ({others}); "
+                   f"this report is of attempt {attempts['analysed']} (--attempt N analyses another)")
     return out
 
 
-def _chain(report: dict[str, Any], graph: nx.DiGraph | None) -> list[str]:
-    """Waits grouped by (position, awaited ranks): smallest group first, then nearest to a root cause."""
+def _waiting_lines(report: dict[str, Any], graph: nx.DiGraph | None, verbose: bool) -> list[str]:
+    """Waits grouped by (position, awaited ranks, where the waiters' program is): narrow groups first
+    (where stalls start), then nearest to a root cause."""
     waits = [w for w in report["waits"] if w["waits_for"]]
     if not waits:
         return []
@@ -99,32 +385,85 @@ def _chain(report: dict[str, Any], graph: nx.DiGraph | None) -> list[str]:
             if root in rev:
                 for node, d in nx.single_source_shortest_path_length(rev, root).items():
                     depth[node] = min(depth.get(node, d), d)
+    desc = {g["group"]: g.get("desc") or "" for g in report.get("groups", [])}
     rows: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for w in waits:
-        rows[(w["group"], w["seq"], w["op"], tuple(w["waits_for"]))].append(w["rank"])
+        rows[(w["group"], w["seq"], w["op"], tuple(w["waits_for"]), _waiter_where(w))].append(w["rank"])
     size = {g["group"]: len(g["ranks"]) for g in report.get("groups", [])}
     ordered = sorted(
-        rows.items(),  # narrow groups first (where stalls start), then nearest to a root cause
+        rows.items(),
         key=lambda kv: (size.get(kv[0][0], 1 << 20), min(depth.get(r, 1 << 20) for r in kv[1]), kv[0][0], kv[0][1]),
     )
-    out = [
-        f"  {ranges(waiters)} -> {ranges(awaited)}  in {op} (group {group}, seq {seq})"
-        for (group, seq, op, awaited), waiters in ordered[:MAX_CHAIN_LINES]
-    ]
-    if len(ordered) > MAX_CHAIN_LINES:
-        out.append(f"  ... {plural(len(ordered) - MAX_CHAIN_LINES, 'more line')}")
+    limit = len(ordered) if verbose else DEFAULT_WAIT_LINES
+    out = []
+    for (group, seq, op, awaited, where), waiters in ordered[:limit]:
+        peer = awaited[0] if op in P2P_OPS and len(awaited) == 1 else None
+        position = _position({"group": group, "seq": seq, "op": op, "group_desc": desc.get(group, ""), "peer": peer})
+        out.append(f"  {who(waiters, 40)} -> {who(awaited, 24)} in {position}" + (f", at {where}" if where else ""))
+    if len(ordered) > limit:
+        rest = sorted({r for _, rs in ordered[limit:] for r in rs})
+        out.append(f"  ... {plural(len(rest), 'more rank')} wait in {plural(len(ordered) - limit, 'more position')}, "
+                   "most behind the ones above (-v lists them)")
     return out
 
 
-def entry_table(entries: pd.DataFrame, rank: int, group: str | None = None) -> str:
-    """A rank's entries as a fixed-width table (the `show` command)."""
+def _waiter_where(w: dict[str, Any]) -> str | None:
+    """Where a waiting rank's program is: its own code's innermost frame (the line that called into the
+    library, e.g. `loss.backward()`), else the op's call site."""
+    if w.get("where"):
+        return stackview.where_text(w["where"], w.get("where_code"))
+    site = w.get("site")
+    return stackview.where_text(site, None) if isinstance(site, str) and stackview.is_user_frame(site) else None
+
+
+def entry_table(entries: pd.DataFrame, rank: int, group: str | None = None, wall_offset_ns: int | None = None) -> str:
+    """A rank's entries as a fixed-width table (the `show` command): when each op was issued (UTC wall
+    clock, to the ms) and how long it took, as measured; blank where the dump has no such measurement
+    (a time only polled, an op still pending), never a placeholder number."""
     rows = entries.loc[entries["rank"] == rank]
     if group is not None:
         rows = rows.loc[rows["group"] == group]
     if rows.empty:
         return f"rank {rank}: no entries" + (f" in group {group}" if group is not None else "")
-    view = rows[SHOW_COLUMNS].astype(object).where(rows[SHOW_COLUMNS].notna(), "")
+    start = rows["t_enqueue_ns"].astype("Int64")
+    end = rows["t_complete_ns"].astype("Int64")
+    took = ((end - start) / 1e6).where(end.notna() & start.notna() & (end >= start))
+    offset = 0 if wall_offset_ns is None else int(wall_offset_ns)
+    wall = pd.to_datetime((start + offset).astype("float64"), unit="ns", utc=True, errors="coerce")
+    view = pd.DataFrame({
+        "id": rows["id"].to_numpy(),
+        "group": rows["group"].astype(str).to_numpy(),
+        "seq": _blank_below(rows["seq"], 1),
+        "kind": rows["kind"].astype(str).to_numpy(),
+        "op": rows["op"].astype(str).to_numpy(),
+        "peer": _blank_below(rows["peer"], 0),
+        "state": rows["state"].astype(str).to_numpy(),
+        "start (UTC)": wall.dt.strftime("%H:%M:%S.%f").str[:-3].fillna("").to_numpy() if wall_offset_ns is not None
+        else [""] * len(rows),
+        "ms": [f"{v:.3f}" if v == v else "" for v in took.astype("float64").to_numpy()],
+        "in_shapes": _text(rows["in_shapes"]),
+        "out_shapes": _text(rows["out_shapes"]),
+        "dtypes": _text(rows["in_dtypes"]),
+        "reduce_op": _text(rows["reduce_op"]),
+        "site": [_site_text(v, src) for v, src in zip(rows["site"].to_numpy(), rows["source"].astype(str).to_numpy(), strict=True)],
+    })
     return view.to_string(index=False)
+
+
+def _blank_below(column: pd.Series, low: int) -> list[str]:
+    """Ids as text, blank where the column says "none" (seq 0, peer -1)."""
+    values = column.to_numpy()
+    return [str(int(v)) if v == v and int(v) >= low else "" for v in values]
+
+
+def _text(column: pd.Series) -> list[str]:
+    return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in column.astype(object).to_numpy()]
+
+
+def _site_text(site: object, source: str) -> str:
+    if isinstance(site, str) and site:
+        return stackview.where_text(site, None)
+    return "C++ (e.g. DDP's Reducer)" if source == "c++" else ""
 
 
 def to_dot(graph: nx.DiGraph, report: dict[str, Any]) -> str:

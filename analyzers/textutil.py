@@ -45,3 +45,39 @@ def straggler_pattern(s: dict[str, Any]) -> str:
 def channel_text(channel: str) -> str:
     """A straggler's channel as read: 'group 0' for a collective group, '0 send to 3' as it is."""
     return channel if " " in channel else f"group {channel}"
+
+
+def rank_text(ranks: Iterable[int], limit: int = 72) -> str:
+    """A rank list short enough for one line at any world size: `ranges` when it fits; a stride
+    (`128 ranks: every 8th from 3 to 1019, except 515`) for a data-parallel slice; else its ends."""
+    rs = sorted(set(ranks))
+    text = ranges(rs)
+    if len(text) <= limit or len(rs) < 4:
+        return text
+    step = min(b - a for a, b in zip(rs, rs[1:], strict=False))
+    if step > 1:
+        span = range(rs[0], rs[-1] + 1, step)
+        outside = set(rs) - set(span)
+        skipped = sorted(set(span) - set(rs))
+        if not outside and len(skipped) <= 3:
+            return (f"{len(rs)} ranks: every {ordinal(step)} from {rs[0]} to {rs[-1]}"
+                    + (f", except {', '.join(map(str, skipped))}" if skipped else ""))
+    head = ranges(rs[:6])
+    return f"{len(rs)} ranks: {head}, ..., {rs[-1]}"
+
+
+def who(ranks: Iterable[int], limit: int = 72) -> str:
+    """`rank 3`, `ranks 0, 2-3`, or `127 ranks (every 8th from 3 to 1019, except 515)`: a subject for a sentence."""
+    rs = sorted(set(ranks))
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    text = rank_text(rs, limit)
+    if text.startswith(f"{len(rs)} ranks: "):
+        return f"{len(rs)} ranks ({text.split(': ', 1)[1]})"
+    return f"ranks {text}"
+
+
+def ordinal(n: int) -> str:
+    """2 -> '2nd', 8 -> '8th', 21 -> '21st'."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

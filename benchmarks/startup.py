@@ -79,7 +79,7 @@ def cli_seconds(starts: int) -> dict[str, float]:
 
     folder = tempfile.mkdtemp(prefix="flightrec-startup-")
     golden = os.path.join(ROOT, "fixtures", "golden", "compute_hang")
-    commands = {"--help": ["--help"], "dump-now": ["dump-now", folder], "analyze (4 ranks)": ["analyze", golden, "-q"]}
+    commands = {"--help": ["--help"], "dump-now": ["dump-now", folder, "--wait", "0"], "analyze (4 ranks)": ["analyze", golden, "-q"]}
     env = {**_env(), "PYTHONPATH": ROOT}
     out = {}
     for name, argv in commands.items():

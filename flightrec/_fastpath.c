@@ -1081,6 +1081,9 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
     PyObject *tls = thread_state(self->local, &self->tls_id, &self->tls_state);
     if (tls == NULL || Py_TYPE(entry) != entry_type || EN(entry)->work != work || !PyUnicode_Check(EN(entry)->kind))
         goto slow;
+    /* a device op (NCCL, HCCL): its wait only makes the current stream wait; the Python wrapper times it */
+    if (!PyUnicode_Check(EN(entry)->device) || PyUnicode_CompareWithASCIIString(EN(entry)->device, "cpu") != 0)
+        goto slow;
     PyObject *kind = EN(entry)->kind; /* "coll" or "p2p": the length tells them apart */
     if (PyUnicode_GET_LENGTH(kind) == 3 && PyUnicode_CompareWithASCIIString(kind, "p2p") == 0 && EN(entry)->peer < 0)
         goto slow;

@@ -12,14 +12,15 @@ _LAZY = {"analyze": "analyze_command", "show": "show_command", "export": "export
 # what `flightrec --help` lists for them, without importing pandas to ask (tests/recorder/test_cli_startup.py
 # checks these against the commands' own docstrings)
 SUMMARIES = {
-    "analyze": "Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER...",
-    "export": "Write every rank's entries of FOLDER (a path or an fsspec URL), with the...",
-    "show": "List one rank's recorded entries as a table.",
+    "analyze": "Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL; several folders, one per node's local disk, are read as one job).",
+    "export": "Write every rank's entries of FOLDER (a path or an fsspec URL), with the analyzer's derived columns, as Parquet (--out) and/or as a timeline for Perfetto (--trace).",
+    "show": "List one rank's recorded entries as a table (FOLDER...: one or more folders of one job).",
 }
 
 
 class _LazyGroup(click.Group):
-    """Analysis commands live in `analyzers` (pandas, networkx): import them only when called."""
+    """Analysis commands live in the analyzer (pandas, networkx; flightrec/parts.py finds it): import
+    them only when called."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self._available()))
@@ -27,8 +28,12 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
         if command is None and name in _LAZY:
+            from . import parts
+
             try:
-                from analyzers import cli as analysis_cli
+                analysis_cli = parts.analyzer("cli")
+            except parts.MissingDependency as exc:
+                raise click.ClickException(f"`flightrec {name}`: {exc}") from exc
             except ImportError as exc:
                 raise click.ClickException(f"the analyzer could not be loaded: {exc}") from exc
             command = getattr(analysis_cli, _LAZY[name], None)
@@ -44,18 +49,17 @@ class _LazyGroup(click.Group):
                 continue
             command = super().get_command(ctx, name)
             if command is not None and not command.hidden:
-                rows.append((name, command.get_short_help_str(formatter.width - 6 - max(len(n) for n in self.list_commands(ctx)))))
+                rows.append((name, command.get_short_help_str(limit=1000)))  # whole, wrapped: never cut
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
     @staticmethod
     def _available() -> list[str]:
-        import importlib.util
+        """Listed whenever the analyzer's code is here: without its dependencies, they say what to install."""
+        from .parts import analyzer_present
 
-        if importlib.util.find_spec("analyzers") is None:
-            return []
-        return ["analyze", "export", "show"]
+        return sorted(_LAZY) if analyzer_present() else []
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,13 +76,54 @@ def main() -> None:
 @main.command("dump-now")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--reason", default="manual", show_default=True, help="Reason written into the dumps.")
-def dump_now(folder: str, reason: str) -> None:
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds to wait for the ranks' dumps, then say how many answered (0: only ask).")
+def dump_now(folder: str, reason: str, wait_s: float) -> None:
     """Make every rank of the job that dumps into FOLDER write its dump now (works while ranks are blocked)."""
+    import os
+    import time
+
+    from .triggers import answered, dump_stamps
+
+    existed = os.path.isdir(folder)
+    before = dump_stamps(folder)
     try:
         path = request_via_file(folder, reason)
     except OSError as exc:
         raise click.ClickException(f"cannot write the request into {folder}: {exc}") from exc
     click.echo(f"requested a dump from every rank writing to {folder} ({path})")
+    if wait_s <= 0:
+        return
+    start = time.monotonic()
+    ranks: list[int] = []
+    world: int | None = None
+    while time.monotonic() - start < wait_s:
+        time.sleep(0.2)
+        ranks, world = answered(folder, before)
+        if world is not None and len(ranks) >= world:
+            break
+    took = time.monotonic() - start
+    if not ranks:
+        why = ("the folder did not exist: no job has written there" if not existed else
+               "is a job running with FLIGHTREC=1 and FLIGHTREC_DIR set to this folder?")
+        click.echo(f"no rank answered within {wait_s:g} s: {why} (the request stays: ranks that start "
+                   "polling later do not take it as theirs)", err=True)
+        sys.exit(1)
+    of = f" of {world}" if world else ""
+    missing = sorted(set(range(world)) - set(ranks)) if world else []
+    click.echo(f"{len(ranks)}{of} ranks answered in {took:.1f} s" + (f"; no answer yet from {_ranges(missing)}" if missing else "")
+               + f": flightrec analyze {folder}")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5' (the analyzer's helper, without importing it)."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @main.command("build-ext")
@@ -110,6 +155,25 @@ def demo(out: str, ranks: int, stall_rank: int) -> None:
     from .demo import run_demo
 
     sys.exit(run_demo(out, ranks, stall_rank))
+
+
+@main.command("notebook")
+@click.argument("folder")
+@click.option("--out", type=click.Path(dir_okay=False), default="postmortem.ipynb", show_default=True,
+              help="The notebook file to write.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def notebook(folder: str, out: str, force: bool) -> None:
+    """Write the post-mortem notebook, set to analyze FOLDER (a path or an fsspec URL), to --out."""
+    from pathlib import Path
+
+    from . import notebook as nb
+
+    try:
+        path = nb.write(folder, Path(out), force=force)
+    except (nb.NotebookError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {path} ({nb.PARAMETER} = {nb.folder_value(folder)!r}); open it in Jupyter and run all cells "
+               "(it needs pip install 'flightrec[notebook]')")
 
 
 if __name__ == "__main__":

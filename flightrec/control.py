@@ -73,14 +73,14 @@ class _Armed:
         self.term.run_deferred()  # a SIGTERM that arrived during the write: dump again and die
         return written
 
-    def _on_uncaught(self, exc: BaseException, thread: str, frames: list[str]) -> None:
+    def _on_uncaught(self, exc: BaseException, thread: str, frames: list[str], code: list[str | None]) -> None:
         """An exception nobody caught (main or any thread; errors of C++-issued collectives raised
         inside autograd end here): the process is about to die, so write the evidence first."""
         text = f"{type(exc).__name__}: {exc}"[:4000]
         self.crashed = True
         self.dump("exception", f"uncaught in thread {thread}: {text}",
                   exception={"type": type(exc).__name__, "message": str(exc)[:4000], "thread": thread,
-                             "traceback": frames[-64:]})
+                             "traceback": frames[-64:], "code": code[-64:]})
 
     def _write(self, reason: str, detail: str | None, extra: dict[str, Any] | None = None) -> bool:
         try:
@@ -91,6 +91,10 @@ class _Armed:
                 return False  # the launcher stops us because we failed: our failure's dump says more
             if reason == SNAPSHOT and self.evidence_written:
                 return False  # a snapshot never replaces a dump written for a reason
+            if self.watchdog.hang.dump_is_final:  # FLIGHTREC_ON_HANG=abort: the hang dump is the evidence (onhang.py)
+                if reason == "signal":
+                    self.watchdog.hang.abort()  # stopped within the grace period (a peer aborted first): end now, saying why
+                return False
             whole = self.settings.dump_on_exit or self.settings.snapshot_s > 0  # snapshots asked for whole rings
             payload = build_dump(self.recorder, reason, detail, brief=reason == "exit" and not whole)
             payload.update(extra or {})
@@ -160,8 +164,9 @@ class ExceptionHooks:
         if exc is None or not isinstance(exc, Exception) or not self.active:
             return  # SystemExit, KeyboardInterrupt: not a crash of the job's code
         try:
-            frames = [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(tb)]
-            self._on_uncaught(exc, thread, frames)
+            summary = traceback.extract_tb(tb)
+            frames = [f"{f.filename}:{f.lineno} in {f.name}" for f in summary]
+            self._on_uncaught(exc, thread, frames, [(f.line or None) for f in summary])
         except Exception as inner:  # noqa: BLE001 - never mask the job's own exception
             log.warn_once("excepthook", f"could not dump on an uncaught exception: {inner!r}")
 
@@ -240,10 +245,10 @@ def dump(reason: str = "api") -> str | None:
     armed = _state
     if armed is None:
         return None
-    from .dumper import dump_filename
+    from .dumper import dump_filename, restart_attempt
 
     ok = armed.dump("api" if reason == "api" else f"api:{reason}", reason)
-    return os.path.join(armed.settings.dir, dump_filename(process_rank()[0])) if ok else None
+    return os.path.join(armed.settings.dir, dump_filename(process_rank()[0], restart_attempt())) if ok else None
 
 
 def current() -> _Armed | None:

@@ -49,11 +49,12 @@ def prepare_folder(folder: Path) -> None:
 
 
 def run_demo(out: str, ranks: int, stall_rank: int, timeout_s: float = 3.0) -> int:
-    from fixtures.launch import launch
+    from . import parts
 
+    launch = parts.demo_launcher().launch  # fixtures/launch.py; a wheel ships it inside flightrec/_demo/
+    script = parts.path("_demo/jobs/train.py")  # fixtures/jobs/train.py, likewise
     folder = Path(out)
     prepare_folder(folder)
-    script = Path(__file__).resolve().parent.parent / "fixtures" / "jobs" / "train.py"
     click.echo(f"launching {ranks} gloo ranks with torchrun; rank {stall_rank} stalls in compute at step 3 "
                f"(FLIGHTREC=1, FLIGHTREC_TIMEOUT={timeout_s:g})")
     result = launch(script, ranks, folder, ["--fault", "compute_hang", "--fault-rank", str(stall_rank)],
@@ -67,9 +68,13 @@ def run_demo(out: str, ranks: int, stall_rank: int, timeout_s: float = 3.0) -> i
     for path in result.dumps:
         click.echo(f"  {path} ({path.stat().st_size} bytes)")
     try:
-        from analyzers.cli import analyze_command
-    except ImportError:
+        analyze_command = parts.analyzer("cli").analyze_command
+    except parts.MissingDependency as exc:
+        click.echo(f"\nto analyze them: {exc}; then: flightrec analyze {folder}")
         return 0
+    except ImportError as exc:
+        click.echo(f"the analyzer could not be loaded: {exc}", err=True)
+        return 1
     click.echo(f"\n$ flightrec analyze {folder}\n")
     try:
         analyze_command.main([str(folder)], standalone_mode=False)

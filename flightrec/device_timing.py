@@ -1,11 +1,20 @@
 """Device-side start/end times of ops on NCCL / HCCL (CUDA, Ascend NPU), resolved lazily.
 
 The CPU returns from a device collective before the device runs it, so the host clock says nothing
-about when it ran. Two timing events bracket each device op on the current stream (torch's
-device-generic `torch.Event`, which covers CUDA and, with torch_npu, Ascend). The training thread
-only records them; the watchdog asks `query()` (non-blocking) and, once the end event has happened,
-converts both to the host's monotonic clock through an anchor event whose host time is known.
-Events come from a pool and go back to it once read, so steady state allocates nothing.
+about when it ran. The collective runs on the backend's own stream, which Python cannot reach; what
+it can reach is the current stream, which the backend's stream waits for before the op (so an event
+recorded there before the call marks when the op could start) and which waits for the op when the
+Work is waited on (so an event recorded there right after `Work.wait()` marks when the op had ended,
+for a blocking call exactly: nothing else is queued between the two). An end event recorded when
+an async call returns would mark nothing: the current stream does not wait for the op until then.
+An op nobody waits on gets a start time only.
+
+Events are torch's device-generic `torch.Event` (CUDA and, with torch_npu, Ascend). The training
+thread only records them; the watchdog asks `query()` (non-blocking) and converts them to the host's
+monotonic clock through an anchor event whose host time is known. Events come from a pool and go
+back to it once read, so steady state allocates nothing. Inside a CUDA-graph capture nothing is
+recorded, queried or synchronized (it would break or alter the capture): those ops are counted
+(`captured`) and have no device times.
 """
 
 from __future__ import annotations
@@ -34,18 +43,35 @@ def torch_event_factory(device_type: str) -> TimingEvent:
     return torch.Event(device=device_type, enable_timing=True)  # type: ignore[return-value]
 
 
+def torch_capturing(device_type: str) -> bool:
+    """Whether the current stream of `device_type` is being captured into a graph (CUDA; torch_npu's
+    `torch.npu` when it offers the same call)."""
+    import torch
+
+    module = getattr(torch, device_type, None)
+    check = getattr(module, "is_current_stream_capturing", None)
+    available = getattr(module, "is_available", None)
+    if check is None or (available is not None and not available()):
+        return False  # no such device here (a CPU build of torch): nothing can be capturing
+    return bool(check())
+
+
 class DeviceTiming:
     """Brackets device ops with events and turns them into t_dev_start_ns / t_dev_end_ns."""
 
     def __init__(self, factory: EventFactory = torch_event_factory, clock: Callable[[], int] = time.monotonic_ns,
-                 pool_limit: int = 4096) -> None:
+                 pool_limit: int = 4096, capturing: Callable[[str], bool] = torch_capturing,
+                 open_limit: int = 65536) -> None:
         self._factory = factory
         self._clock = clock
+        self._capturing = capturing
         self._pools: dict[str, list[TimingEvent]] = {}
         self._anchors: dict[str, tuple[TimingEvent, int]] = {}
-        self._open: dict[int, tuple[Entry, str, TimingEvent, TimingEvent]] = {}
+        self._open: dict[int, tuple[Entry, str, TimingEvent, TimingEvent | None]] = {}
         self._pool_limit = pool_limit
+        self._open_limit = open_limit
         self.disabled = False
+        self.captured = 0  # device ops issued inside a graph capture: not timed
 
     def _event(self, device: str) -> TimingEvent:
         pool = self._pools.get(device)
@@ -61,52 +87,75 @@ class DeviceTiming:
             anchor = self._anchors[device] = (event, self._clock())
         return anchor
 
-    def before(self, entry: Entry) -> None:
+    def before(self, entry: Entry) -> bool:
+        """The op is about to be issued: a start event on the current stream. True when the current
+        stream is being captured into a graph: then nothing is recorded (the op runs at each replay)."""
+        if entry.device == "cpu":
+            return False  # an op of a late-completing backend on CPU tensors: no device to time
+        try:
+            if self._capturing(entry.device):
+                self.captured += 1
+                return True
+        except Exception as exc:  # noqa: BLE001 - cannot tell: never touch the stream
+            self.disabled = True
+            log.warn_once("device-capture", f"cannot tell graph captures ({exc!r}); recording host times only")
+            return False
         if self.disabled:
-            return
+            return False
         try:
             device = entry.device
+            if len(self._open) >= self._open_limit:
+                return False  # the watchdog is not keeping up (or no device progress): time fewer ops, never grow
             self._anchor(device)
             start = self._event(device)
             start.record()
-            self._open[entry.id] = (entry, device, start, start)
+            self._open[entry.id] = (entry, device, start, None)
         except Exception as exc:  # noqa: BLE001 - no device events here: host times only
             self.disabled = True
             log.warn_once("device-events", f"device timing unavailable ({exc!r}); recording host times only")
+        return False
 
-    def after(self, entry: Entry) -> None:
+    def waited(self, entry: Entry) -> None:
+        """The current stream now waits for the op (its Work was waited on): the end event goes here."""
         opened = self._open.get(entry.id)
-        if opened is None:
+        if opened is None or opened[3] is not None:
             return
         try:
+            if self._capturing(opened[1]):
+                return  # a capture began since: the start alone is read
             end = self._event(opened[1])
             end.record()
             self._open[entry.id] = (opened[0], opened[1], opened[2], end)
         except Exception as exc:  # noqa: BLE001
-            self._open.pop(entry.id, None)
             log.warn_once("device-events-end", f"device timing failed ({exc!r})")
 
     def resolve(self) -> int:
-        """Watchdog side: fill the times of ops whose end event has happened; never blocks."""
+        """Watchdog side: fill the times of ops whose events have happened; never blocks. An op that
+        settled without an end event (nobody waited on it) gets its start time only."""
         resolved = 0
         for record_id, (entry, device, start, end) in list(self._open.items()):
-            if start is end:
-                continue  # the op is still being issued
             try:
-                if not end.query():
+                if end is None:
+                    if entry.state not in SETTLED or not start.query():
+                        continue  # still being issued, running, or waited on later
+                elif not end.query():
                     continue
                 anchor, anchor_ns = self._anchors[device]
                 entry.t_dev_start_ns = anchor_ns + int(anchor.elapsed_time(start) * 1e6)
-                entry.t_dev_end_ns = anchor_ns + int(anchor.elapsed_time(end) * 1e6)
+                if end is not None:
+                    entry.t_dev_end_ns = anchor_ns + int(anchor.elapsed_time(end) * 1e6)
             except Exception as exc:  # noqa: BLE001
                 log.warn_once("device-events-read", f"could not read device events ({exc!r})")
             self._open.pop(record_id, None)
             pool = self._pools.setdefault(device, [])
             if len(pool) < self._pool_limit:
-                pool.extend((start, end))
+                pool.extend(e for e in (start, end) if e is not None)
             resolved += 1
         return resolved
 
     @property
     def pending(self) -> int:
         return len(self._open)
+
+
+SETTLED = frozenset(("completed", "failed"))

@@ -30,8 +30,22 @@ SCHEMA_VERSION = 6
 FORMAT = "flightrec-dump"
 
 
-def dump_filename(rank: int) -> str:
-    return f"rank-{rank:05d}.json.gz" if rank >= 0 else f"rank-unknown-{os.getpid()}.json.gz"
+def dump_filename(rank: int, attempt: int = 0) -> str:
+    """`rank-00003.json.gz`; from torchelastic's restart attempt 1 on `rank-00003.attempt-1.json.gz`, so that
+    a restarted job's dumps never replace those of the attempt that hung or failed."""
+    stem = f"rank-{rank:05d}" if rank >= 0 else f"rank-unknown-{os.getpid()}"
+    return f"{stem}.attempt-{attempt}.json.gz" if attempt > 0 else f"{stem}.json.gz"
+
+
+def restart_attempt() -> int:
+    """torchelastic's restart count of this worker group (TORCHELASTIC_RESTART_COUNT; absent: 0)."""
+    raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
+    if not raw:
+        return 0
+    if raw.isdigit():
+        return int(raw)
+    log.warn_once("restart-count", f"TORCHELASTIC_RESTART_COUNT={raw!r} is not a count; dumps are written as attempt 0")
+    return 0
 
 
 def process_rank() -> tuple[int, int]:
@@ -145,6 +159,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "job_id": os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("FLIGHTREC_JOB_ID"),
+        "attempt": restart_attempt(),
         "store": _store_address(),
         "armed_wall_ns": rec.armed_wall_ns,
         "torch_version": str(torch.__version__),
@@ -154,6 +169,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "reason": reason,
         "reason_detail": detail,
         "dump_time_ns": wall_ns,
+        "graph_captured_ops": rec.device_timing.captured,
         "clock": {"wall_ns": wall_ns, "mono_ns": mono_ns},
         "settings": rec.settings.as_dict(),
         "hot_path": _hot_path(rec),
@@ -186,14 +202,14 @@ before_rename: Callable[[str], None] | None = None
 
 
 def write_dump(payload: dict[str, Any], folder: str, replace: bool = True) -> str | None:
-    """Write `payload` as folder/rank-NNNNN.json.gz via a temporary file and a rename.
+    """Write `payload` as folder/rank-NNNNN.json.gz (`dump_filename`) via a temporary file and a rename.
 
     `replace=False` never overwrites an existing dump (returns None instead): a process that never
     joined a group (a spawned DataLoader worker inheriting RANK) must not replace the rank's real one.
     The file is synced before the rename, so the name never points at data still in flight.
     """
     os.makedirs(folder, exist_ok=True)
-    name = dump_filename(int(payload.get("rank", -1)))
+    name = dump_filename(int(payload.get("rank", -1)), int(payload.get("attempt") or 0))
     final = os.path.join(folder, name)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     for stale in glob.glob(os.path.join(glob.escape(folder), f".{name}.*.tmp")):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from . import log, peek
 from .members import compact_ranks
@@ -88,6 +89,43 @@ class GroupState(_Storage):  # type: ignore[misc, valid-type]
         }
 
 
+def _attribute(pg: Any, attr: str) -> str:
+    """A ProcessGroup's name or desc; "" where unset (a custom backend's group raises instead)."""
+    try:
+        return str(getattr(pg, attr, "") or "")
+    except Exception:  # noqa: BLE001 - RuntimeError("ProcessGroup name not set") on Python-made groups
+        return ""
+
+
+def _registered_name(pg: Any) -> str:
+    """The name c10d registered the group under (its `pg_names`), for groups that do not carry one."""
+    try:
+        return str(c10d._world.pg_names.get(pg) or "")
+    except Exception:  # noqa: BLE001 - private API: absent on some versions
+        return ""
+
+
+class StreamGroupState(GroupState):  # type: ignore[misc]
+    """A group whose backend returns from `Work.wait()` before the op is done (NCCL, HCCL, a custom
+    backend): its ops complete when their Work does, never when the call or its wait returns. Its own
+    type keeps the C hot path (which completes blocking CPU calls on return) off its ops."""
+
+    __slots__ = ()
+
+
+# Backends whose Work.wait() returns once the op is complete (the CPU path): every other backend is
+# taken to complete its Works later (a device stream, a progress thread), as NCCL does.
+WAIT_MEANS_DONE = frozenset({"gloo", "mpi"})
+
+
+def cpu_backend(backend: str) -> str:
+    """The backend serving CPU tensors: `cpu:gloo,cuda:nccl` -> `gloo`; a single name serves every device."""
+    if ":" not in backend:
+        return backend.lower()
+    served = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
+    return served.get("cpu", "").lower()
+
+
 def describe_group(pg: Any) -> GroupState | None:
     """A GroupState for `pg`, or None when this rank is not a member (the API is then a no-op)."""
     if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:
@@ -100,9 +138,10 @@ def describe_group(pg: Any) -> GroupState | None:
         backend = str(dist.get_backend(pg))
     except Exception:  # noqa: BLE001
         backend = "unknown"
-    name = str(getattr(pg, "group_name", "") or "")
-    desc = str(getattr(pg, "group_desc", "") or "")
-    return GroupState(pg, name, desc, backend, ranks, rank_in_group)
+    name = _attribute(pg, "group_name") or _registered_name(pg)
+    desc = _attribute(pg, "group_desc")
+    kind = GroupState if cpu_backend(backend) in WAIT_MEANS_DONE else StreamGroupState
+    return kind(pg, name, desc, backend, ranks, rank_in_group)
 
 
 class GroupRegistry:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import fastpath, log
+from .groups import StreamGroupState
 from .ops import SPECS, OpSpec
 from .recorder import Recorder
 
@@ -47,7 +48,7 @@ def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> 
         if ctx is None:
             return original(*args, **kwargs)
         entry = ctx[0]
-        if entry.device != "cpu":
+        if entry.device != "cpu" or type(ctx[1]) is StreamGroupState:  # done when its Work is, not on return
             return _call_on_device(rec, spec, original, ctx, tls, args, kwargs)
         tls.in_leaf = True
         try:
@@ -76,29 +77,32 @@ def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], c
     blocking = not entry.is_async and "async_op" in spec.positions
     if blocking:
         args, kwargs = _force_async(spec, args, kwargs)
-    rec.device_timing.before(entry)
+    captured = rec.device_timing.before(entry)
     tls.in_leaf = True
     try:
         result = original(*args, **kwargs)
     except BaseException as exc:
         tls.in_leaf = False
-        try:
-            rec.device_timing.after(entry)
-        except Exception as inner:  # noqa: BLE001
-            log.warn_once("device-after", f"could not time a failed device op: {inner!r}")
         _record_failure(rec, ctx, exc)
         raise
     tls.in_leaf = False
-    try:
-        rec.device_timing.after(entry)
-        rec.finish(entry, ctx[1], result)
+    try:  # a captured op ran nothing now (it runs at each replay): done, never awaited by the watchdog
+        rec.finish(entry, ctx[1], None if captured else result)
     except Exception as exc:  # noqa: BLE001
         log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
-    if blocking:
+    if captured:
+        if blocking and result is not None:
+            result.wait()  # inside the capture: a stream wait, captured like the op
+        return None if blocking else result
+    if blocking or result is None:
         if result is not None:
-            result.wait()
-        return None
-    return result
+            result.wait()  # the current stream now waits for the op (its host returns at once)
+        try:
+            rec.device_timing.waited(entry)  # so the end event marks the op's end
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once("device-waited", f"could not time a device op: {exc!r}")
+        return None if blocking else result
+    return result  # an async op: its end is timed when the training code waits on its Work
 
 
 def _record_failure(rec: Recorder, ctx: tuple[Any, Any], exc: BaseException) -> None:
@@ -218,7 +222,8 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
 
 
 def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
-    """Work.wait: the moment a CPU op is known complete, on the thread that waited for it."""
+    """Work.wait: the moment a CPU op is known complete, on the thread that waited for it; for a
+    device op, the moment the current stream waits for it (its end event goes there)."""
     entry_of = rec.entry_of
 
     @functools.wraps(original)
@@ -236,7 +241,9 @@ def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., 
                 log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
             raise
         try:
-            if result is not False:  # wait(timeout) returns False when it timed out
+            if entry.device != "cpu":  # device op: its wait only made the current stream wait for it
+                rec.device_waited(entry, self)
+            elif result is not False:  # wait(timeout) returns False when it timed out
                 rec.on_wait_returned(entry, self)
         except Exception as exc:  # noqa: BLE001
             log.warn_once("wait", f"could not complete a waited op: {exc!r}")

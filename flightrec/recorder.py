@@ -20,7 +20,7 @@ import torch.distributed.distributed_c10d as c10d
 from . import log
 from .device_timing import DeviceTiming
 from .entry import Entry, tensor_meta
-from .groups import GroupRegistry, GroupState
+from .groups import GroupRegistry, GroupState, StreamGroupState
 from .ops import OpSpec, as_tensors
 from .ring import Ring
 from .settings import Settings
@@ -205,7 +205,7 @@ class Recorder:
         if entry.kind == "p2p" and entry.peer < 0 and isinstance(result, int) and result >= 0:
             self._resolve_any_source(entry, group, result)
         if hasattr(result, "is_completed"):
-            self.watch_work(entry, result)
+            self.watch_work(entry, result, late=type(group) is StreamGroupState)
         else:
             self.complete(entry)
 
@@ -267,7 +267,7 @@ class Recorder:
         self.pending.pop(entry.id, None)
         self.polled.pop(entry.id, None)
 
-    def watch_work(self, entry: Entry, work: Any) -> None:
+    def watch_work(self, entry: Entry, work: Any, late: bool = False) -> None:
         """Complete `entry` when its Work does.
 
         CPU ops: when the training code waits on the Work (`Work.wait` is wrapped), or when the
@@ -276,14 +276,22 @@ class Recorder:
         future completes with the device work.
         """
         entry.work = work
-        if entry.device == "cpu":
+        if entry.device == "cpu" and not late:
             self.by_work[id(work)] = entry  # the entry holds the Work, so its id is not reused
             return
+        if entry.device != "cpu":
+            self.by_work[id(work)] = entry  # its Work.wait marks where its end event goes
         try:
             future = work.get_future()
             future.add_done_callback(partial(self._on_future_done, entry))
         except Exception:  # noqa: BLE001 - some backends have no futures: polled instead
             self.polled[entry.id] = entry
+
+    def device_waited(self, entry: Entry, work: Any) -> None:
+        """The training code waited on a device op's Work: its host call returns at once, the current
+        stream now waits for the op. Time its end there; completion stays the Work's (its future)."""
+        self.device_timing.waited(entry)
+        self.by_work.pop(id(work), None)  # its future (or the watchdog's poll of `polled`) completes it
 
     def on_wait_returned(self, entry: Entry, work: Any) -> None:
         """The training code's `work.wait()` returned: the op is done (CPU backends)."""

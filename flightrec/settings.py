@@ -11,10 +11,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from . import log
+
 DEFAULT_DIR = "./flightrec-dumps"
 DEFAULT_BUFFER = 2000
 DEFAULT_TIMEOUT_S = 300.0
 MAX_BUFFER = 10_000_000
+ON_HANG_CHOICES = ("wait", "abort")  # FLIGHTREC_ON_HANG: what a rank does once its hang dump is written
+DEFAULT_ABORT_GRACE_S = 5.0  # with abort: how long the other ranks get to write theirs (FLIGHTREC_ABORT_GRACE_S)
+MAX_ABORT_GRACE_S = 3600.0
 
 
 class SettingsError(ValueError):
@@ -31,6 +36,8 @@ class Settings:
     stacks: bool = False
     dump_on_exit: bool = False
     snapshot_s: float = 0.0  # > 0: the watchdog rewrites this rank's dump every so many seconds
+    on_hang: str = "wait"  # "abort": exit non-zero after a hang dump, so the launcher restarts the job
+    abort_grace_s: float = DEFAULT_ABORT_GRACE_S
     poll_s: float = field(default=0.0)  # 0 = derived from timeout_s
 
     @property
@@ -48,6 +55,8 @@ class Settings:
             "stacks": self.stacks,
             "dump_on_exit": self.dump_on_exit,
             "snapshot_s": self.snapshot_s,
+            "on_hang": self.on_hang,
+            "abort_grace_s": self.abort_grace_s,
         }
 
 
@@ -90,6 +99,26 @@ def _parse_snapshot(raw: str) -> float:
     return value
 
 
+def _parse_on_hang(raw: str) -> str:
+    """`wait` or `abort`; anything else is not worth turning the recorder off for: one warning, then `wait`."""
+    value = raw.strip().lower()
+    if value in ON_HANG_CHOICES:
+        return value
+    log.warn_once("on-hang", f"FLIGHTREC_ON_HANG={raw!r} is neither 'wait' nor 'abort'; using 'wait' "
+                             "(a hung job stays up until it is stopped)")
+    return "wait"
+
+
+def _parse_abort_grace(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise SettingsError(f"FLIGHTREC_ABORT_GRACE_S={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_ABORT_GRACE_S:
+        raise SettingsError(f"FLIGHTREC_ABORT_GRACE_S={raw!r} must be between 0 and {MAX_ABORT_GRACE_S:g} seconds")
+    return value
+
+
 def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
     """Settings from `env` (default `os.environ`), then keyword overrides from `flightrec.enable()`."""
     env = os.environ if env is None else env
@@ -108,6 +137,10 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         values["dump_on_exit"] = _parse_bool("FLIGHTREC_DUMP_ON_EXIT", env["FLIGHTREC_DUMP_ON_EXIT"])
     if "FLIGHTREC_SNAPSHOT_S" in env:
         values["snapshot_s"] = _parse_snapshot(env["FLIGHTREC_SNAPSHOT_S"])
+    if "FLIGHTREC_ON_HANG" in env:
+        values["on_hang"] = _parse_on_hang(env["FLIGHTREC_ON_HANG"])
+    if "FLIGHTREC_ABORT_GRACE_S" in env:
+        values["abort_grace_s"] = _parse_abort_grace(env["FLIGHTREC_ABORT_GRACE_S"])
     for key, value in overrides.items():
         if key not in Settings.__dataclass_fields__:
             raise SettingsError(f"flightrec.enable() got an unknown option {key!r}")
@@ -117,6 +150,10 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             value = _parse_timeout(str(value))
         elif key == "snapshot_s":
             value = _parse_snapshot(str(value))
+        elif key == "on_hang":
+            value = _parse_on_hang(str(value))
+        elif key == "abort_grace_s":
+            value = _parse_abort_grace(str(value))
         elif key in ("stacks", "dump_on_exit"):
             value = bool(value)
         elif key == "dir":

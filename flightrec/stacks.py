@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import threading
@@ -72,6 +73,54 @@ def frames_of(frame: FrameType | None, limit: int = 64) -> list[Frame]:
     return out
 
 
+# A thread stack in a dump: at most this many frames; a deeper one keeps its outermost OUTER_FRAMES
+# (the training script's entry point and loop: where a user starts reading) and its innermost rest,
+# with one marker line between saying how many were left out.
+STACK_LIMIT = 64
+OUTER_FRAMES = 12
+OMITTED = "... {} frames omitted ..."
+SOURCE_FILES_PER_DUMP = 256  # source lines are read at dump time only; a bound on the files opened
+
+
+def _whole_stack(frame: FrameType | None) -> list[Frame]:
+    """Every frame of a thread, outermost first (a dump is rare: the walk is not on any hot path)."""
+    out: list[Frame] = []
+    while frame is not None:
+        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    out.reverse()
+    return out
+
+
+def _trimmed(frames: list[Frame]) -> tuple[list[Frame | None], int]:
+    """`frames` cut to STACK_LIMIT (the cut, None, between the outermost and the innermost ones), and
+    how many frames the cut left out."""
+    if len(frames) <= STACK_LIMIT:
+        return list(frames), 0
+    inner = STACK_LIMIT - OUTER_FRAMES - 1
+    return [*frames[:OUTER_FRAMES], None, *frames[-inner:]], len(frames) - OUTER_FRAMES - inner
+
+
+class _SourceLines:
+    """The text of each frame's line, as a traceback shows it; None where the file cannot be read.
+
+    Why at dump time: the analyzer usually runs on another machine, without the training code."""
+
+    def __init__(self) -> None:
+        self.files: set[str] = set()
+
+    def line(self, filename: str, lineno: int) -> str | None:
+        if filename not in self.files:
+            if len(self.files) >= SOURCE_FILES_PER_DUMP or filename.startswith("<"):
+                return None
+            self.files.add(filename)
+        try:
+            text = linecache.getline(filename, lineno)
+        except Exception:  # noqa: BLE001 - a source line is a nicety: never fail a dump for it
+            return None
+        return text.strip() or None
+
+
 def current_stack(depth: int = 2) -> list[Frame]:
     try:
         return frames_of(sys._getframe(depth))
@@ -80,19 +129,25 @@ def current_stack(depth: int = 2) -> list[Frame]:
 
 
 def all_thread_stacks() -> list[dict[str, object]]:
-    """Every thread's Python stack, for the dump: where each thread is right now."""
+    """Every thread's Python stack, for the dump: where each thread is right now, with each frame's
+    source line (`code`, parallel to `stack`)."""
     frames = sys._current_frames()
     threads = {t.ident: t for t in threading.enumerate()}
     main_ident = threading.main_thread().ident
+    source = _SourceLines()
     out: list[dict[str, object]] = []
     for ident, frame in frames.items():
         thread = threads.get(ident)
+        kept, omitted = _trimmed(_whole_stack(frame))
         out.append({
             "name": thread.name if thread is not None else f"thread-{ident}",
             "ident": ident,
             "daemon": bool(thread.daemon) if thread is not None else True,
             "is_main": ident == main_ident,
-            "stack": [f"{f[0]}:{f[1]} in {f[2]}" for f in frames_of(frame)],
+            "stack": [f"{f[0]}:{f[1]} in {f[2]}" if f is not None else OMITTED.format(omitted)
+                      for f in kept],
+            "code": [source.line(f[0], f[1]) if f is not None else None for f in kept],
         })
     out.sort(key=lambda t: (not t["is_main"], str(t["name"])))
     return out
+

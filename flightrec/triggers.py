@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -132,3 +133,48 @@ def request_via_file(folder: str, reason: str = "manual") -> str:
         json.dump({"reason": reason, "time_ns": time.time_ns(), "pid": os.getpid()}, handle)
     os.replace(tmp, path)
     return path
+
+
+DUMP_NAME = re.compile(r"^rank-(\d+)(?:\.[\w-]+)?\.json(?:\.gz)?$")  # flightrec's dump names (dumper.dump_filename)
+
+
+def dump_stamps(folder: str) -> dict[str, int]:
+    """Dump file -> its modification time (ns), for telling which ranks answered a request."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        if DUMP_NAME.match(name):
+            try:
+                out[name] = os.stat(os.path.join(folder, name)).st_mtime_ns
+            except OSError:
+                continue
+    return out
+
+
+def answered(folder: str, before: dict[str, int]) -> tuple[list[int], int | None]:
+    """Ranks whose dump appeared or changed since `before`, and the world size one of them records."""
+    ranks, world = set(), None
+    for name, stamp in dump_stamps(folder).items():
+        if before.get(name) == stamp:
+            continue
+        ranks.add(int(DUMP_NAME.match(name).group(1)))  # type: ignore[union-attr]
+        if world is None:
+            world = _world_size(os.path.join(folder, name))
+    return sorted(ranks), world
+
+
+def _world_size(path: str) -> int | None:
+    """The `world_size` a dump records (stdlib only: this runs in `flightrec dump-now`)."""
+    import gzip
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        size = data.get("world_size")
+        return int(size) if isinstance(size, int) and size > 0 else None
+    except (OSError, ValueError, EOFError, AttributeError):
+        return None  # still being written, or not ours

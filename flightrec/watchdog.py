@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from . import log, torch_fr
 from .entry import Entry, format_site
+from .onhang import HANG_REQUEST, UNCONFIRMED_REQUEST, HangAction, peer_what
 from .recorder import Recorder
 from .settings import Settings
 from .signals import TermHandler
@@ -48,6 +49,7 @@ class Watchdog:
         self.term = term
         self.store = StoreTrigger()
         self.files = FileTrigger(settings.dir)
+        self.hang = HangAction(settings)  # FLIGHTREC_ON_HANG: told of every hang dump
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -120,6 +122,8 @@ class Watchdog:
         if self.term.drain():
             self.term.handle_from_watchdog()
             return
+        if self.hang.due():
+            self.hang.abort()  # FLIGHTREC_ON_HANG=abort: the others had their grace period; never returns
         self._handle_failures()
         rec = self.rec
         now = time.monotonic()
@@ -144,7 +148,9 @@ class Watchdog:
         self._next_store_poll = now + _STORE_POLL_EVERY_S
         request = self.store.poll()
         if request is not None:
-            self._dump("peer_request", request[1])
+            written = self._dump("peer_request", request[1])
+            if request[1].startswith((HANG_REQUEST, UNCONFIRMED_REQUEST)):
+                self.hang.hung(peer_what(request[1]), written, confirmed=request[1].startswith(HANG_REQUEST))
 
     def _handle_failures(self) -> None:
         while self._failures:
@@ -187,17 +193,20 @@ class Watchdog:
                 waited = (now - self._recorded_since_ns) / 1e9
                 detail = (f"{describe(silent)}, then no op for {waited:.1f}s; its completion cannot be observed "
                           "without PyTorch's recorder (TORCH_FR_BUFFER_SIZE)")
-                self._dump("timeout", detail)
-                self._ask_peers(f"timeout on rank {_rank()}: {detail}")
+                written = self._dump("timeout", detail)
+                self._ask_peers(f"{UNCONFIRMED_REQUEST} {_rank()}: {detail}")
+                self.hang.hung(detail, written, confirmed=False)  # a long compute phase looks the same
             return
         oldest = min(stuck, key=lambda e: e.t_enqueue_ns)
         self._fired.update(e.id for e in stuck)
-        if self.last_dump_mono_ns > oldest.t_enqueue_ns:
-            return  # already in a dump taken while it was pending (e.g. a peer asked first)
         waited = (now - oldest.t_enqueue_ns) / 1e9
         detail = f"{describe(oldest)} incomplete after {waited:.1f}s"
-        self._dump("timeout", detail)
-        self._ask_peers(f"timeout on rank {_rank()}: {detail}")
+        if self.last_dump_mono_ns > oldest.t_enqueue_ns:
+            self.hang.hung(detail, True)  # the dump taken while it was pending (e.g. a peer asked first) shows it
+            return
+        written = self._dump("timeout", detail)
+        self._ask_peers(f"{HANG_REQUEST} {_rank()}: {detail}")
+        self.hang.hung(detail, written)
 
     def _silent_cpp_op(self, now: int, limit_ns: int) -> Entry | None:
         """The newest op, when it was issued from C++, its completion cannot be observed (`unknown`:

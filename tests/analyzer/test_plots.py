@@ -133,7 +133,7 @@ def test_html_report_without_matplotlib(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     html = html_report.render_html(analyzers.load(GOLDEN / "crash"))
     assert "flightrec[notebook]" in html and "data:image/png" not in html
-    assert "rank 1 &mdash; crashed" in html
+    assert "root cause: rank 1 — crashed [crashed]" in html
 
 
 def test_html_report(tmp_path):
@@ -141,9 +141,12 @@ def test_html_report(tmp_path):
     result = CliRunner().invoke(analyze_command, [str(GOLDEN / "compute_hang"), "--html", str(page)])
     assert result.exit_code == 0, result.output
     html = page.read_text()
-    assert ">hang</span>" in html and "rank 2 not_entered in all_reduce (group 0, seq 4)" in html
-    assert "rank 2 &mdash; not_entered" in html and "train.py:34 in stall_in_compute" in html  # cause + stack
-    assert html.count("data:image/png;base64,") == 5
+    assert ">hang</span>" in html and "rank 2 never reached all_reduce #4 of group 0 (default_pg)" in html
+    assert "root cause: rank 2 — never reached the op its peers wait in [not_entered]" in html
+    assert "train.py&quot;, line 34, in stall_in_compute" in html  # its stack, as a traceback
+    # a plot with nothing to show is named with why, never drawn as an empty panel
+    assert html.count("data:image/png;base64,") == 4
+    assert "not drawn: Slow links (no slow-link matrix: no completed, matched send/receive pairs" in html
     assert "http://" not in html and "https://" not in html and "<script" not in html  # self-contained
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

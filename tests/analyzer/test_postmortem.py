@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import networkx as nx
 import pandas as pd
 import pytest
@@ -94,6 +96,17 @@ def test_parquet_roundtrip(tmp_path, fixture):
     ours = pm.entries(a).reset_index(drop=True)
     assert len(back) == len(a.entries) == done.entries
     assert list(back.columns) == list(ours.columns)
+    listed = ("in_shapes", "out_shapes", "in_dtypes", "out_dtypes")
+    for name in listed:  # list columns, not text of Python lists
+        for text, value in zip(ours[name].astype(object), back[name], strict=True):
+            if name.endswith("shapes") and isinstance(text, str) and text.startswith("[["):
+                assert [list(map(int, t)) for t in value] == json.loads(text), name
+            elif name.endswith("dtypes") and isinstance(text, str) and text:
+                assert list(value) == text.split(","), name
+            else:
+                assert value is None or len(value) == 0, (name, text, value)
+    assert any(value is not None and len(value) for value in back["in_shapes"])
+    ours = ours.drop(columns=list(listed))
     for name in ours.columns:
         want, got = ours[name].dtype, back[name].dtype
         if isinstance(want, pd.CategoricalDtype):

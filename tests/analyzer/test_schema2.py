@@ -22,6 +22,7 @@ def _load(folder: Path) -> analyzers.Analysis:
 def _report(a: analyzers.Analysis) -> dict:
     report = a.report()
     report.pop("folder", None)
+    report.pop("folders", None)
     return report
 
 

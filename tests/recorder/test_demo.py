@@ -1,20 +1,22 @@
 """`flightrec demo --out DIR` never deletes what it did not write (issue 19, point 8).
 
-The job itself is replaced by a fake `fixtures.launch.launch` that copies a recorded 4-rank hang
-(fixtures/golden/compute_hang) into the folder: what is tested here is the folder handling.
+The job itself is replaced by a fake `launch` of the demo's launcher (fixtures/launch.py, loaded by
+flightrec.parts.demo_launcher) that copies a recorded 4-rank hang (fixtures/golden/compute_hang) into
+the folder: what is tested here is the folder handling.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-import fixtures.launch
 from fixtures.launch import JobResult
+from flightrec import parts
 from flightrec.cli import main
 from flightrec.demo import MARKER
 
@@ -35,7 +37,7 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
             shutil.copy(p, out / p.name)
         return JobResult(0, False, sorted(out.glob("rank-*.json.gz")), "", 0.1)
 
-    monkeypatch.setattr(fixtures.launch, "launch", launch)
+    monkeypatch.setattr(parts.demo_launcher(), "launch", launch)
     return runs
 
 
@@ -72,7 +74,7 @@ def test_demo_runs_in_a_new_folder_and_reruns_over_its_own_files(tmp_path: Path,
     out = tmp_path / "new" / "demo"
     result = _demo(out)
     assert result.exit_code == 0, result.output
-    assert "rank 2 not_entered" in result.output  # the (recorded) job was analysed
+    assert "HANG: rank 2 never reached all_reduce" in result.output  # the (recorded) job was analysed
     assert (out / MARKER).is_file() and len(list(out.glob("rank-*.json.gz"))) == 4
     (out / "rank-00007.json.gz").write_bytes((out / "rank-00003.json.gz").read_bytes())  # an earlier, bigger run's
     (out / ".rank-00001.json.gz.123.tmp").write_bytes(b"half")
@@ -87,3 +89,13 @@ def test_demo_accepts_an_empty_folder(tmp_path: Path, fake_launch: list[Path]) -
     result = _demo(tmp_path)
     assert result.exit_code == 0, result.output
     assert tmp_path.exists() and (tmp_path / MARKER).is_file()
+
+
+def test_demo_without_the_analyzers_dependencies_says_what_to_install(
+    tmp_path: Path, fake_launch: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "networkx", None)  # as if `flightrec[analyze]` were not installed
+    result = _demo(tmp_path / "demo")
+    assert result.exit_code == 0, result.output  # the job ran and dumped; only the analysis is left out
+    assert "networkx" in result.output and "pip install 'flightrec[analyze]'" in result.output, result.output
+    assert f"flightrec analyze {tmp_path / 'demo'}" in result.output

@@ -58,14 +58,14 @@ def test_times_resolve_lazily_and_map_to_the_host_clock() -> None:
     timing = DeviceTiming(factory=dev.event, clock=lambda: 1_000_000_000)
     first = _device_entry(0)  # the first device op also places the anchor (host time known)
     timing.before(first)
-    timing.after(first)
+    timing.waited(first)
     timing.resolve()
     assert first.t_dev_start_ns == first.t_dev_end_ns == 1_000_000_000
     entry = _device_entry(1)
     dev.queue_ms = 5.0  # the device is busy: this op starts 5 ms after the anchor
     timing.before(entry)
     dev.queue_ms = 12.0  # and ends 7 ms later
-    timing.after(entry)
+    timing.waited(entry)
     dev.now_ms = 10.0
     assert timing.resolve() == 0 and entry.t_dev_end_ns is None  # not run yet: no blocking, no guess
     dev.now_ms = 12.0
@@ -81,7 +81,7 @@ def test_events_come_from_a_pool() -> None:
     for i in range(50):
         entry = _device_entry(i)
         timing.before(entry)
-        timing.after(entry)
+        timing.waited(entry)
         dev.now_ms = dev.queue_ms
         timing.resolve()
     assert dev.created <= 3  # the anchor and one start/end pair, reused
@@ -94,7 +94,7 @@ def test_no_device_events_means_host_times_only() -> None:
     timing = DeviceTiming(factory=broken)
     entry = _device_entry(0)
     timing.before(entry)
-    timing.after(entry)
+    timing.waited(entry)
     assert timing.disabled and timing.pending == 0 and entry.t_dev_start_ns is None
 
 
@@ -137,3 +137,123 @@ print(calls, device_entry.device, device_entry.t_dev_end_ns is not None, cpu_ent
                          env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
     # the blocking device call was issued async (so its Work can be followed) and bracketed by events
     assert out.stdout.split() == ["[True]", "cuda", "True", "None"], out.stderr[-2000:]
+
+
+STREAMS = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch, torch.distributed as dist, flightrec, flightrec.control as control
+from flightrec.device_timing import DeviceTiming
+from flightrec.ops import SPEC_BY_API
+from flightrec.patching import _leaf_wrapper, _wait_wrapper
+flightrec.enable(dir="/tmp/unused-flightrec")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+rec = control.current().recorder
+
+
+class Streams:
+    # Stand-in device: the current stream and the backend's stream, in ms of device time. An event
+    # recorded on the current stream happens when that stream gets there; a Work's wait makes the
+    # current stream wait for the collective's end, as NCCL's does; nothing blocks the host.
+
+    def __init__(self):
+        self.current = 0.0  # where the current stream's queued work ends
+        self.executed = 0.0  # how far the device has run
+        self.made = 0
+        self.capturing = False
+
+    def event(self, device):
+        self.made += 1
+        return Event(self)
+
+
+class Event:
+    def __init__(self, streams):
+        self.streams, self.at = streams, None
+
+    def record(self):
+        self.at = self.streams.current
+
+    def query(self):
+        return self.at is not None and self.streams.executed >= self.at
+
+    def synchronize(self):
+        self.streams.executed = max(self.streams.executed, self.at or 0.0)
+
+    def elapsed_time(self, end):
+        return end.at - self.at
+
+
+class Work:
+    # The collective runs on its own stream from where the current stream was, for `ms`.
+
+    def __init__(self, streams, ms):
+        self.streams, self.end = streams, streams.current + ms
+        self.done = False
+
+    def wait(self, timeout=None):
+        self.streams.current = max(self.streams.current, self.end)  # a stream wait, not a host wait
+        return True
+
+    def is_completed(self):
+        return self.done
+
+    def get_future(self):
+        raise RuntimeError("no future: polled")
+
+
+class Tensor:
+    shape, dtype, is_cpu = (4,), torch.float32, False
+    class device:
+        type = "cuda"
+
+
+streams = Streams()
+rec.device_timing = DeviceTiming(factory=streams.event, clock=lambda: 10**9, capturing=lambda device: streams.capturing)
+works = []
+def all_reduce(tensor, op=None, group=None, async_op=False):
+    works.append(Work(streams, 50.0))
+    return works[-1]
+
+spec = SPEC_BY_API["all_reduce"].bind_positions(dist.all_reduce.__flightrec_wrapped__)
+call = _leaf_wrapper(rec, spec, all_reduce)
+wait = _wait_wrapper(rec, lambda work, timeout=None: work.wait(timeout))
+
+first = call(Tensor(), async_op=True)  # places the anchor at device time 0
+streams.current += 5.0  # the training thread queues 5 ms of its own work, then the collective
+work = call(Tensor(), async_op=True)
+returned_at = streams.current  # the call returned: the collective has not run yet
+streams.current += 20.0  # more compute is queued meanwhile
+wait(work)  # the current stream now waits for the collective (ends at 5 + 50 = 55 ms)
+pending_after_wait = work is not None and [e for e in rec.entries() if e.device == "cuda"][1].state
+wait(first)
+blocking = call(Tensor())  # a blocking call: issued async, waited at once
+streams.executed = 1000.0
+for w in works:
+    w.done = True
+rec.poll_works()
+rec.device_timing.resolve()
+a, b, c = [e for e in rec.entries() if e.device == "cuda"]
+ms = lambda t: None if t is None else (t - 10**9) / 1e6
+print(ms(b.t_dev_start_ns), ms(b.t_dev_end_ns), returned_at, pending_after_wait, b.state,
+      ms(c.t_dev_start_ns), ms(c.t_dev_end_ns))
+streams.capturing = True
+made = streams.made
+captured = call(Tensor(), async_op=True)
+wait(captured)
+print(rec.device_timing.captured, streams.made - made, rec.entries()[-1].state, len(rec.pending))
+"""
+
+
+def test_end_events_mark_the_collective_end_not_the_call_return() -> None:
+    """The collective's stream finishes later than the call returns: its end is only marked where the
+    current stream waits for it (Work.wait), 55 ms here, not at the return (5 ms); waiting does not
+    complete a device op (its Work does); a blocking call is timed exactly; inside a graph capture no
+    event is recorded."""
+    out = subprocess.run([sys.executable, "-c", STREAMS], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
+    lines = out.stdout.split("\n")
+    assert lines[0].split() == ["5.0", "55.0", "5.0", "started", "completed", "55.0", "105.0"], out.stderr[-3000:]
+    # counted as captured, no event made, recorded or queried; done at once (it runs at each replay), so
+    # the watchdog never waits on it
+    assert lines[1].split() == ["1", "0", "completed", "0"]

@@ -85,16 +85,26 @@ def test_manual_trigger_while_every_rank_is_blocked(tmp_path: Path) -> None:
     try:
         assert wait_for(lambda: all((tmp_path / f".ready-{r}").exists() for r in range(3)), 60)
         time.sleep(0.5)
-        cli = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path)],
+        cli = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path), "--wait", "30"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert cli.returncode == 0, cli.stderr
-        assert wait_for(lambda: all((tmp_path / f"rank-{r:05d}.json.gz").exists() for r in range(3)), 15)
+        assert "3 of 3 ranks answered in " in cli.stdout and f"flightrec analyze {tmp_path}" in cli.stdout
+        assert all((tmp_path / f"rank-{r:05d}.json.gz").exists() for r in range(3))
         for rank in range(3):
             assert load_dump(tmp_path, rank)["reason"] == "manual"
     finally:
         for p in ctx.processes:
             kill_tree(p.pid)
             p.join(5)
+
+
+def test_dump_now_says_when_no_rank_answers(tmp_path: Path) -> None:
+    quiet = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path / "nobody"), "--wait", "0.5"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert quiet.returncode == 1 and "no rank answered within 0.5 s: the folder did not exist" in quiet.stderr
+    idle = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path), "--wait", "0.5"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert idle.returncode == 1 and "FLIGHTREC=1" in idle.stderr
 
 
 def test_sigterm_dumps_then_dies_of_sigterm(tmp_path: Path) -> None:

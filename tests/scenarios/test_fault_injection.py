@@ -72,4 +72,7 @@ def test_readme_demo_names_the_stalled_rank(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "flightrec", "demo", "--out", str(tmp_path / "demo")],
                          capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "hang: rank 2 not_entered" in out.stdout and "stall_in_compute" in out.stdout
+    assert "HANG: rank 2 never reached all_reduce" in out.stdout and "stall_in_compute" in out.stdout
+    # the stalled rank's stack and the waiters' place read like a traceback, with their source lines
+    assert "    File \"" in out.stdout and "      time.sleep(3600)" in out.stdout
+    assert "ranks 0-1, 3 -> rank 2 in all_reduce #4 of group 0 (default_pg), at train.py:109 in main: dist.all_reduce(grad)" in out.stdout

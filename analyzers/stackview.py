@@ -1,0 +1,88 @@
+"""Thread stacks as a report shows them: trimmed to what a reader acts on, and written like a traceback.
+
+Why: a stalled rank's stack is often 60+ frames deep (torch, autograd, hooks). Its innermost frames say
+where it is stuck; its outermost frames of the user's own code (the script's entry point, the training
+loop) say which step of the program that is. Keeping only the innermost ones, as a plain tail would,
+loses the second. Dumps store frames as `file:line in function`, with the source lines beside them
+(`code`, flightrec dumps from 2026-12 on); other recorders' stacks have no source lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<func>.*)$")
+OMITTED = re.compile(r"^\.\.\. (\d+) frames? omitted \.\.\.$")
+# frames that are not the user's code: installed packages, the standard library, frozen modules,
+# the recorder itself
+LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen |[/\\]flightrec[/\\]"
+                     r"|(?:^|[/\\])torch[/\\](?:distributed|nn|autograd|_tensor\.py|utils)")
+STACK_LINES = 12  # frames a report keeps of one stack
+OUTER_USER_FRAMES = 3  # of which the outermost frames of the user's code
+
+
+def is_user_frame(frame: str) -> bool:
+    """A frame of the job's own code (not a library, the standard library or the recorder)."""
+    return not OMITTED.match(frame) and not LIBRARY.search(frame)
+
+
+def excerpt(stack: Sequence[str], code: Sequence[str | None] | None = None, limit: int = STACK_LINES,
+            outer: int = OUTER_USER_FRAMES) -> tuple[list[str], list[str | None]]:
+    """At most `limit` frames of `stack` (outermost first): the outermost `outer` frames of user code and
+    the innermost rest, one `... N frames omitted ...` line where frames were left out; `code` follows."""
+    frames = list(stack)
+    lines = list(code) if code is not None and len(code) == len(frames) else [None] * len(frames)
+    if len(frames) <= limit:
+        return frames, lines
+    inner_start = len(frames) - (limit - outer - 1)
+    head = [i for i, f in enumerate(frames[:inner_start]) if is_user_frame(f)][:outer]
+    keep = head + list(range(inner_start, len(frames)))
+    out: list[str] = []
+    out_code: list[str | None] = []
+    previous = -1
+    for i in keep:
+        if i > previous + 1:
+            out.append(f"... {_count(frames[previous + 1:i])} frames omitted ...")
+            out_code.append(None)
+        out.append(frames[i])
+        out_code.append(lines[i])
+        previous = i
+    return out, out_code
+
+
+def _count(frames: Sequence[str]) -> int:
+    """Frames a stretch stands for: a recorder's own omission marker counts what it left out."""
+    return sum(int(m.group(1)) if (m := OMITTED.match(f)) else 1 for f in frames)
+
+
+def innermost_user(stack: Sequence[str], code: Sequence[str | None] | None = None) -> tuple[str, str | None] | None:
+    """The innermost frame of the user's code, and its source line: where that thread's program is."""
+    lines = list(code) if code is not None and len(code) == len(stack) else [None] * len(stack)
+    for frame, line in zip(reversed(list(stack)), reversed(lines), strict=True):
+        if is_user_frame(frame):
+            return frame, line
+    return None
+
+
+def traceback_lines(stack: Sequence[str], code: Sequence[str | None] | None = None, indent: str = "") -> list[str]:
+    """The frames as Python prints a traceback: `File "f", line n, in func` and the source line below."""
+    lines = list(code) if code is not None and len(code) == len(stack) else [None] * len(stack)
+    out = []
+    for frame, text in zip(stack, lines, strict=True):
+        m = FRAME.match(frame)
+        out.append(f'{indent}File "{m.group("file")}", line {m.group("line")}, in {m.group("func")}' if m else f"{indent}{frame}")
+        if text:
+            out.append(f"{indent}  {text}")
+    return out
+
+
+def where_text(frame: str, code: str | None) -> str:
+    """`file:line in func: source line` (short: the file's name only)."""
+    m = FRAME.match(frame)
+    place = f"{_basename(m.group('file'))}:{m.group('line')} in {m.group('func')}" if m else frame
+    return f"{place}: {code}" if code else place
+
+
+def _basename(path: str) -> str:
+    return re.split(r"[/\\]", path)[-1]

@@ -1,0 +1,284 @@
+"""The device path on a real GPU, in one run of under ~6 minutes (issue 24): run it whenever a GPU is lent.
+
+    python benchmarks/gpu_check.py --out DIR      # JSON results in DIR/gpu_check.json, exit 1 if a check failed
+
+Checks, each in its own bounded subprocess:
+- `nccl`: world size 1 on NCCL: a blocking all_reduce queued behind ~1 s of device work returns at once
+  on the host and must read as not completed until the device ran it, then completed with device times
+  that cover the wait; an async all_reduce's end is timed where the current stream waits for it; the
+  watchdog writes a `timeout` dump for an op the device has not run; a CUDA-graph capture and replay of
+  an all_reduce with the recorder on works as without it, and the captured op is counted, not awaited.
+- `gloo_cuda`: a 3-rank gloo job on CUDA tensors sharing the one GPU (NCCL refuses two ranks on one
+  device) where rank 1 stalls: every rank dumps, device times are there and ordered, and the analysis
+  names rank 1.
+- `overhead`: `benchmarks/overhead.py --device cuda` (host cost per collective against PyTorch's recorder).
+
+The recorder is armed as an installed package arms it (FLIGHTREC=1 and the start-up hook), here through
+a `sitecustomize` on PYTHONPATH, so the checked-out tree needs no install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NCCL_CHECK = r'''
+import json, os, sys, time
+import torch, torch.distributed as dist
+import flightrec, flightrec.control as control
+
+out = sys.argv[1]
+results = {}
+flightrec.enable(dir=os.path.join(out, "nccl-dumps"), timeout_s=2.0)
+dist.init_process_group("nccl", init_method="file://" + os.path.join(out, "store"), rank=0, world_size=1)
+rec = control.current().recorder
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+x = torch.ones(1 << 20, device=dev)
+dist.all_reduce(x)  # warm-up: communicator set-up
+torch.cuda.synchronize()
+
+def last():
+    return [e for e in rec.entries() if e.device == "cuda"][-1]
+
+def settle(entry, limit=10.0):
+    t = time.monotonic()
+    while entry.state not in ("completed", "failed") and time.monotonic() - t < limit:
+        time.sleep(0.05)
+        rec.poll_works()
+    rec.device_timing.resolve()
+
+# host ran ahead: the device is busy ~1 s, the blocking call returns at once
+torch.cuda._sleep(2_000_000_000)
+t0 = time.monotonic()
+dist.all_reduce(x)
+returned_s = time.monotonic() - t0
+e = last()
+state_at_return = e.state
+torch.cuda.synchronize()
+settle(e)
+results["host_ran_ahead"] = {
+    "returned_s": returned_s, "state_at_return": state_at_return, "state_after": e.state,
+    "dev_start": e.t_dev_start_ns, "dev_end": e.t_dev_end_ns,
+    "dev_ms": None if e.t_dev_end_ns is None or e.t_dev_start_ns is None else (e.t_dev_end_ns - e.t_dev_start_ns) / 1e6,
+    "ok": state_at_return != "completed" and e.state == "completed" and e.t_dev_end_ns is not None
+          and e.t_dev_start_ns is not None and e.t_dev_end_ns >= e.t_dev_start_ns,
+}
+
+# async: the end is timed where the current stream waits for the op
+work = dist.all_reduce(x, async_op=True)
+e = last()
+torch.cuda._sleep(200_000_000)  # ~0.1 s of compute queued before the wait
+work.wait()
+torch.cuda.synchronize()
+settle(e)
+ok = e.t_dev_end_ns is not None and e.t_dev_start_ns is not None and e.t_dev_end_ns >= e.t_dev_start_ns
+results["async_wait"] = {"state": e.state, "dev_ms": (e.t_dev_end_ns - e.t_dev_start_ns) / 1e6 if ok else None,
+                         "ok": ok and e.state == "completed"}
+
+# the watchdog fires on an op the device has not run (its host call returned long ago)
+dumps = os.path.join(out, "nccl-dumps")
+before = set(os.listdir(dumps)) if os.path.isdir(dumps) else set()
+torch.cuda._sleep(12_000_000_000)  # ~6 s of device work ahead of the collective
+dist.all_reduce(x)
+e = last()
+t0 = time.monotonic()
+dumped = None
+while time.monotonic() - t0 < 8.0:
+    time.sleep(0.2)
+    path = os.path.join(dumps, "rank-00000.json.gz")
+    if os.path.exists(path):
+        import gzip
+        d = json.loads(gzip.decompress(open(path, "rb").read()))
+        if d.get("reason") == "timeout":
+            dumped = d
+            break
+state_during = e.state
+torch.cuda.synchronize()
+settle(e)
+results["watchdog_fires"] = {"timeout_dump": dumped is not None, "state_during": state_during,
+                             "state_after": e.state,
+                             "detail": dumped.get("reason_detail") if dumped else None,
+                             "ok": dumped is not None and state_during != "completed" and e.state == "completed"}
+
+# CUDA graph: capture and replay an all_reduce with the recorder on
+y = torch.ones(16, device=dev)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(3):
+        dist.all_reduce(y)
+torch.cuda.current_stream().wait_stream(side)
+torch.cuda.synchronize()
+graph_result = {}
+try:
+    g = torch.cuda.CUDAGraph()
+    captured_before = rec.device_timing.captured
+    with torch.cuda.graph(g):
+        dist.all_reduce(y)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    graph_result = {"captured": rec.device_timing.captured - captured_before, "value": float(y[0].item()),
+                    "pending": len(rec.pending), "error": None}
+except Exception as exc:
+    graph_result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+graph_result["ok"] = graph_result.get("error") is None and graph_result.get("captured") == 1 and graph_result.get("value") == 1.0
+results["cuda_graph"] = graph_result
+flightrec.dump(reason="gpu_check")
+import gzip
+d = json.loads(gzip.decompress(open(os.path.join(dumps, "rank-00000.json.gz"), "rb").read()))
+results["dump"] = {"graph_captured_ops": d.get("graph_captured_ops"), "entries": d.get("recorded")}
+results["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": str(torch.cuda.nccl.version()),
+                       "device": torch.cuda.get_device_name(0)}
+print("RESULT " + json.dumps(results))
+dist.destroy_process_group()
+'''
+
+GRAPH_CONTROL = r'''
+import os, sys, torch, torch.distributed as dist
+out = sys.argv[1]
+dist.init_process_group("nccl", init_method="file://" + os.path.join(out, "store-control"), rank=0, world_size=1)
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+y = torch.ones(16, device=dev)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(3):
+        dist.all_reduce(y)
+torch.cuda.current_stream().wait_stream(side)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    dist.all_reduce(y)
+g.replay()
+torch.cuda.synchronize()
+print("RESULT ok", float(y[0].item()))
+dist.destroy_process_group()
+'''
+
+
+def _env(hook: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("FLIGHTREC", None)
+    return env
+
+
+def _hook(folder: Path) -> Path:
+    """A sitecustomize doing what the installed flightrec.pth does (the tree is not installed here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text((ROOT / "flightrec.pth").read_text())
+    return folder
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, float]:
+    start = time.monotonic()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+        return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return 124, text + f"\n(timed out after {timeout:.0f} s)", time.monotonic() - start
+
+
+def _result(text: str) -> dict | None:
+    for line in text.splitlines():
+        if line.startswith("RESULT {"):
+            return json.loads(line[len("RESULT "):])
+    return None
+
+
+def check_nccl(out: Path, env: dict[str, str]) -> dict:
+    work = out / "nccl"
+    work.mkdir(parents=True, exist_ok=True)
+    rc, text, took = _run([sys.executable, "-c", NCCL_CHECK, str(work)], env, 180)
+    got = _result(text) or {"error": text[-3000:]}
+    crc, ctext, _ = _run([sys.executable, "-c", GRAPH_CONTROL, str(work)], env, 120)
+    got["cuda_graph_without_recorder"] = ctext.strip().splitlines()[-1][:300] if ctext.strip() else f"rc {crc}"
+    got.update(rc=rc, seconds=round(took, 1))
+    parts = [v for k, v in got.items() if isinstance(v, dict) and "ok" in v]
+    got["ok"] = rc == 0 and bool(parts) and all(p["ok"] for p in parts)
+    return got
+
+
+def check_gloo_cuda(out: Path, env: dict[str, str]) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from fixtures.launch import launch
+
+    folder = out / "gloo-cuda"
+    os.environ.update({k: v for k, v in env.items() if k == "PYTHONPATH"})
+    job = launch(ROOT / "fixtures" / "jobs" / "gpu.py", 3, folder, env={"FLIGHTREC_TIMEOUT": "3"},
+                 wait_for_ranks=[0, 1, 2], timeout_s=120)
+    got: dict = {"dumps": [str(p.name) for p in job.dumps], "seconds": round(job.elapsed_s, 1),
+                 "timed_out": job.timed_out}
+    try:
+        import analyzers
+        from analyzers.render import text_report
+
+        a = analyzers.load(folder)
+        report = a.report()
+        cuda = a.entries[a.entries["t_dev_start_ns"].notna()]
+        both = cuda[cuda["t_dev_end_ns"].notna()]
+        got.update(verdict=report["verdict"], causes=[(c["rank"], c["kind"]) for c in report["root_causes"]],
+                   timed_ops=len(cuda), with_end=len(both),
+                   ordered=bool((both["t_dev_end_ns"] >= both["t_dev_start_ns"]).all()),
+                   text=text_report(report, a.graph).splitlines()[:12])
+        got["ok"] = (len(job.dumps) == 3 and report["verdict"] == "hang" and got["causes"][:1] == [(1, "not_entered")]
+                     and len(cuda) > 0 and len(both) > 0 and got["ordered"])
+    except ImportError as exc:  # the analyzer's dependencies are not on this machine
+        got.update(analysis=f"skipped: {exc}", ok=len(job.dumps) == 3)
+    return got
+
+
+def check_overhead(out: Path, env: dict[str, str]) -> dict:
+    target = out / "overhead.json"
+    rc, text, took = _run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--device", "cuda", "--json", str(target)],
+                          env, 240)
+    got: dict = {"rc": rc, "seconds": round(took, 1), "tail": text.strip().splitlines()[-25:]}
+    if target.exists():
+        got["figures"] = json.loads(target.read_text())
+    got["ok"] = rc == 0
+    return got
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="results folder (default: a temporary one)")
+    parser.add_argument("--only", default="nccl,gloo_cuda,overhead", help="comma-separated checks to run")
+    a = parser.parse_args()
+    out = Path(a.out or tempfile.mkdtemp(prefix="gpu-check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import torch
+    except ImportError:
+        print("no torch here", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"no CUDA device (torch {torch.__version__}): nothing to check here", file=sys.stderr)
+        return 2
+    env = _env(_hook(out / "hook"))
+    checks = {"nccl": check_nccl, "gloo_cuda": check_gloo_cuda, "overhead": check_overhead}
+    results: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
+    for name in a.only.split(","):
+        start = time.monotonic()
+        try:
+            results[name] = checks[name](out, env)
+        except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others' results
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        print(f"{name}: {'ok' if results[name].get('ok') else 'FAILED'} ({time.monotonic() - start:.0f} s)", flush=True)
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
+    print(json.dumps(results, indent=1, default=str)[:20000])
+    return 0 if all(r.get("ok") for r in results.values() if isinstance(r, dict)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

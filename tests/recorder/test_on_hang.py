@@ -1,0 +1,131 @@
+"""FLIGHTREC_ON_HANG: a hung job says so once per rank and, with `abort`, ends so that it can be restarted.
+
+The job tests are real torchrun gloo jobs (4 ranks on 127.0.0.1, rank 2 stalls in compute), each
+bounded by `launch`'s time limit, which kills every process of the job before it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.launch import launch
+from flightrec import log
+from flightrec.dumper import read_dump
+from flightrec.onhang import ABORT_EXIT_CODE, HangAction
+from flightrec.settings import DEFAULT_ABORT_GRACE_S, Settings, SettingsError, load_settings
+from tests.helpers import load_dump
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "fixtures" / "jobs" / "train.py"
+RANKS = 4
+HANG = ["--fault", "compute_hang", "--fault-rank", "2", "--fault-step", "2"]
+GRACE_S = 3.0  # the stalled rank answers the store request within ~1 s; 2 loaded cores need the margin
+GLOO_TIMEOUT_S = 1800  # gloo's default: what a hung job costs without abort
+
+
+def _hung_lines(output: str) -> dict[int, int]:
+    """How many 'the job is hung' lines each rank logged."""
+    counts = dict.fromkeys(range(RANKS), 0)
+    for m in re.finditer(r"^\[flightrec rank (\d+)\] the job is hung: ", output, re.M):
+        counts[int(m.group(1))] += 1
+    return counts
+
+
+def test_on_hang_values(capsys: pytest.CaptureFixture[str]) -> None:
+    log.reset()
+    assert load_settings({}).on_hang == "wait" and load_settings({}).abort_grace_s == DEFAULT_ABORT_GRACE_S
+    assert load_settings({"FLIGHTREC_ON_HANG": " Abort "}).on_hang == "abort"
+    assert load_settings({"FLIGHTREC_ON_HANG": "kill"}).on_hang == "wait"  # not a reason to turn the recorder off
+    assert load_settings({"FLIGHTREC_ON_HANG": "exit"}).on_hang == "wait"
+    warned = [line for line in capsys.readouterr().err.splitlines() if "FLIGHTREC_ON_HANG" in line]
+    assert len(warned) == 1 and "'kill' is neither 'wait' nor 'abort'; using 'wait'" in warned[0]
+    assert load_settings(on_hang="abort", abort_grace_s=0).abort_grace_s == 0
+    for bad in ("soon", "-1", "nan", "1e9"):
+        with pytest.raises(SettingsError, match="FLIGHTREC_ABORT_GRACE_S"):
+            load_settings({"FLIGHTREC_ABORT_GRACE_S": bad})
+    log.reset()
+
+
+def test_abort_is_scheduled_once_and_never_on_an_unconfirmed_hang(capsys: pytest.CaptureFixture[str]) -> None:
+    wait = HangAction(Settings(on_hang="wait"))
+    wait.hung("all_reduce group=0 seq=3 incomplete after 2.0s", written=True)
+    assert wait.abort_at is None and not wait.dump_is_final
+    unsure = HangAction(Settings(on_hang="abort"))
+    unsure.hung("all_reduce group=0 seq=3, then no op for 2.0s", written=True, confirmed=False)
+    assert unsure.abort_at is None  # a long compute phase after a C++-issued op looks the same
+    sure = HangAction(Settings(on_hang="abort", abort_grace_s=30))
+    sure.hung("first", written=True)
+    first = sure.abort_at
+    sure.hung("second", written=True)
+    assert first is not None and sure.abort_at == first and sure.what == "first" and sure.dump_is_final
+    assert not sure.due()
+    err = capsys.readouterr().err
+    assert err.count("the job is hung: ") == 2 and err.count("may be hung") == 1  # one line per process each
+    assert "FLIGHTREC_ON_HANG=wait: the job stays up" in err and "this rank exits in 30 s" in err
+
+
+def test_abort_ends_a_hung_torchrun_job_after_every_rank_dumped(tmp_path: Path) -> None:
+    result = launch(TRAIN, RANKS, tmp_path, HANG, timeout_s=90,
+                    env={"FLIGHTREC_TIMEOUT": "1", "FLIGHTREC_ON_HANG": "abort", "FLIGHTREC_ABORT_GRACE_S": str(GRACE_S)})
+    out = result.output
+    assert not result.timed_out and not result.stopped, out[-3000:]  # torchrun ended on its own
+    assert result.returncode != 0 and result.elapsed_s < GLOO_TIMEOUT_S / 10, (result.returncode, out[-3000:])
+    assert f"exitcode: {ABORT_EXIT_CODE}" in out, out[-3000:]  # torchrun saw a worker fail with our code
+    reasons = {r: load_dump(tmp_path, r)["reason"] for r in range(RANKS)}
+    assert reasons[2] == "peer_request" and set(reasons.values()) <= {"timeout", "peer_request"}, reasons
+    aborted = [int(r) for r in re.findall(r"^flightrec: aborting rank (\d+): hung in all_reduce group=0 seq=3 .*"
+                                          rf"; dumps in {re.escape(str(tmp_path))}; FLIGHTREC_ON_HANG=abort", out, re.M)]
+    # each rank once: at the end of its grace period, or when torchrun stops it after the first one exited
+    assert sorted(aborted) == list(range(RANKS)), out[-3000:]
+    assert _hung_lines(out) == dict.fromkeys(range(RANKS), 1), out[-3000:]
+
+
+def test_wait_is_the_default_and_keeps_a_hung_job_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLIGHTREC_ON_HANG", raising=False)
+    # every rank dumped, then nothing for grace + 3 s: with abort, the job would have ended by then
+    grace = 1.0
+    result = launch(TRAIN, RANKS, tmp_path, HANG, wait_for_ranks=list(range(RANKS)), settle_s=grace + 3, timeout_s=90,
+                    env={"FLIGHTREC_TIMEOUT": "1", "FLIGHTREC_ABORT_GRACE_S": str(grace)})
+    out = result.output
+    assert not result.timed_out and result.stopped, out[-3000:]  # still running when launch stopped it
+    assert "aborting" not in out and "exitcode" not in out, out[-3000:]
+    assert _hung_lines(out) == dict.fromkeys(range(RANKS), 1), out[-3000:]
+    line = next(x for x in out.splitlines() if x.startswith("[flightrec rank 2] the job is hung"))
+    assert f"dumps in {tmp_path} on " in line and f"flightrec analyze {tmp_path}" in line and "seq=3" in line
+    assert "FLIGHTREC_ON_HANG=wait" in line
+
+
+FINAL = """
+import os, sys, time
+import flightrec
+import torch.distributed as dist
+from flightrec import control
+
+assert flightrec.enable(dir=sys.argv[1], on_hang="abort", abort_grace_s=60)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+first = flightrec.dump("before")
+hang = control.current().watchdog.hang
+hang.hung("all_reduce group=0 seq=7 incomplete after 9.0s", written=True)
+print(first is not None, flightrec.dump("after") is None, flush=True)  # the hang dump is final
+print("still buffered", end="")  # flushed before the exit
+hang.abort_at = time.monotonic()  # the grace period is over: the watchdog ends the process
+time.sleep(30)
+print("not reached", flush=True)
+"""
+
+
+def test_after_a_hang_dump_with_abort_no_dump_replaces_it_and_the_watchdog_exits(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-c", FINAL, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC")})
+    assert run.returncode == ABORT_EXIT_CODE, (run.returncode, run.stderr[-3000:])
+    assert run.stdout == "True True\nstill buffered", run.stdout
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"flightrec: aborting rank 0: hung in all_reduce group=0 seq=7 incomplete after 9.0s; dumps in {tmp_path}; "
+        f"FLIGHTREC_ON_HANG=abort (exit code {ABORT_EXIT_CODE})"), run.stderr[-3000:]
+    assert read_dump(str(tmp_path / "rank-00000.json.gz"))["reason"] == "api:before"
