@@ -64,6 +64,7 @@ META_FIELDS = (
     "settings",
     "node_rank",
     "graph_captured_ops",
+    "not_recorded",
 )
 NOTE_GRAPHS = ("collectives captured into CUDA graphs are recorded once, when captured: their replays run "
                "without the recorder seeing them, and they have no device times")
@@ -139,8 +140,19 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
         threads=threads,
         meta=meta,
         pg_status=parse_pg_status(pg_status),
-        notes=[NOTE_GRAPHS] if isinstance(obj.get("graph_captured_ops"), int) and obj["graph_captured_ops"] > 0 else [],
+        notes=([NOTE_GRAPHS] if isinstance(obj.get("graph_captured_ops"), int) and obj["graph_captured_ops"] > 0 else [])
+        + _not_recorded_notes(obj),
     )
+
+
+def _not_recorded_notes(obj: dict[str, Any]) -> list[str]:
+    """The recorder's own word on what its torch release could not record (`not_recorded`), one note each."""
+    losses = obj.get("not_recorded")
+    if not isinstance(losses, list):
+        return []
+    torch_version = obj.get("torch_version") or "?"
+    return [f"not recorded with torch {torch_version}: {x['what']} ({x.get('why', '')})" for x in losses
+            if isinstance(x, dict) and isinstance(x.get("what"), str)]
 
 
 def _table(obj: dict[str, Any], key: str, version: int) -> dict[str, Any]:

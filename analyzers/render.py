@@ -27,6 +27,18 @@ KIND_WORDS = {
     CRASHED: "crashed",
     EXITED: "exited while its peers still wait for it",
 }
+DUMP_REASONS = {  # the dump's `reason`, in words
+    "timeout": "its own timeout (an op outlived FLIGHTREC_TIMEOUT)",
+    "peer_request": "another rank's request (that rank timed out)",
+    "exception": "an uncaught exception",
+    "op_failed": "a failed op",
+    "signal": "a signal (e.g. SIGTERM from the launcher)",
+    "exit": "process exit",
+    "manual": "request (flightrec dump-now)",
+    "api": "a flightrec.dump() call",
+    "abort": "an abort (the process was ending on an error)",
+    "snapshot": "a periodic snapshot (FLIGHTREC_SNAPSHOT_S)",
+}
 HANG_VERDICTS = ("hang", "deadlock", "crash", "desync")
 DEFAULT_STACK_FRAMES = 5  # frames of a root cause's stack in the default output (-v: all the report keeps)
 DEFAULT_WAIT_LINES = 2
@@ -193,7 +205,8 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
         label("why", c["detail"] if verbose or len(c["detail"]) <= 300 else c["detail"][:297] + "...")
         label("call site", c.get("site") if c["kind"] != CRASHED else None)
     if c.get("dump_reason"):
-        label("dump", f"written on {c['dump_reason']}" + (f" ({c['dump_reason_detail']})" if c.get("dump_reason_detail") and verbose else ""))
+        why = DUMP_REASONS.get(c["dump_reason"].split(":")[0], c["dump_reason"])
+        label("dump", f"written on {why}" + (f" ({c['dump_reason_detail']})" if c.get("dump_reason_detail") and verbose else ""))
     stack, source = list(c.get("stack") or []), list(c.get("source") or [])
     if stack:
         if not verbose:

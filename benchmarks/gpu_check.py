@@ -124,6 +124,7 @@ try:
     captured_before = rec.device_timing.captured
     with torch.cuda.graph(g):
         dist.all_reduce(y)
+        y.add_(1)  # device work of its own: a world-size-1 all_reduce alone leaves the graph empty
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
@@ -131,7 +132,7 @@ try:
                     "pending": len(rec.pending), "error": None}
 except Exception as exc:
     graph_result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-graph_result["ok"] = graph_result.get("error") is None and graph_result.get("captured") == 1 and graph_result.get("value") == 1.0
+graph_result["ok"] = graph_result.get("error") is None and graph_result.get("captured") == 1 and graph_result.get("value") == 4.0
 results["cuda_graph"] = graph_result
 flightrec.dump(reason="gpu_check")
 import gzip
@@ -159,9 +160,11 @@ torch.cuda.current_stream().wait_stream(side)
 g = torch.cuda.CUDAGraph()
 with torch.cuda.graph(g):
     dist.all_reduce(y)
-g.replay()
+    y.add_(1)
+for _ in range(3):
+    g.replay()
 torch.cuda.synchronize()
-print("RESULT ok", float(y[0].item()))
+print("CONTROL value", float(y[0].item()))
 dist.destroy_process_group()
 '''
 
@@ -203,7 +206,11 @@ def check_nccl(out: Path, env: dict[str, str]) -> dict:
     rc, text, took = _run([sys.executable, "-c", NCCL_CHECK, str(work)], env, 180)
     got = _result(text) or {"error": text[-3000:]}
     crc, ctext, _ = _run([sys.executable, "-c", GRAPH_CONTROL, str(work)], env, 120)
-    got["cuda_graph_without_recorder"] = ctext.strip().splitlines()[-1][:300] if ctext.strip() else f"rc {crc}"
+    control = [line for line in ctext.splitlines() if line.startswith("CONTROL value ")]
+    got["cuda_graph_without_recorder"] = float(control[0].split()[-1]) if control else f"rc {crc}: {ctext[-300:]}"
+    if isinstance(got.get("cuda_graph"), dict):  # the recorder changes nothing the graph computes
+        got["cuda_graph"]["ok"] = got["cuda_graph"].get("ok", False) and got["cuda_graph"].get("value") == got[
+            "cuda_graph_without_recorder"]
     got.update(rc=rc, seconds=round(took, 1))
     parts = [v for k, v in got.items() if isinstance(v, dict) and "ok" in v]
     got["ok"] = rc == 0 and bool(parts) and all(p["ok"] for p in parts)

@@ -52,6 +52,10 @@ class _Armed:
         if threading.current_thread() is threading.main_thread():
             self.abort.install()
         self.exceptions.install()
+        try:  # groups that exist already (armed from inside init_process_group): count C++ ops from now,
+            self.recorder.groups.discover()  # not from the watchdog's first tick, which DDP's init can outrun
+        except Exception as exc:  # noqa: BLE001 - the watchdog registers them on its next tick
+            log.warn_once("discover", f"could not register the existing process groups: {exc!r}")
         self.watchdog.start()
 
     def stop(self) -> None:

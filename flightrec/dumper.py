@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import fastpath, log, peek, torch_fr
+from . import compat, fastpath, log, peek, torch_fr
 from .entry import Entry, to_tables
 from .progress import group_progress
 from .recorder import Recorder
@@ -143,7 +143,8 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     if lost:
         entries = sorted(lost + entries, key=lambda e: e.id)
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
-    fr = torch_fr.read(include_entries=any(e.source == "c++" for e in entries))
+    hang = reason in torch_fr.HANG_REASONS  # carries PyTorch's recorder entries too (torch_fr.summary)
+    fr = torch_fr.read(include_entries=hang or any(e.source == "c++" for e in entries))
     measured = _enrich_cpp_entries(entries, fr, wall_ns - mono_ns)
     groups = rec.groups.table(referenced={e.group for e in entries})
     columns, templates = to_tables(entries, measured)
@@ -163,6 +164,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "store": _store_address(),
         "armed_wall_ns": rec.armed_wall_ns,
         "torch_version": str(torch.__version__),
+        "not_recorded": compat.not_recorded(),
         "python_version": platform.python_version(),
         "flightrec_version": _version(),
         "backends": sorted({str(g["backend"]) for g in groups}),
@@ -182,7 +184,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "templates": templates,
         "entries": columns,
         "threads": [] if brief else _with_ops(all_thread_stacks(), rec),
-        "torch_fr": {"pg_status": fr.get("pg_status")} if fr else None,
+        "torch_fr": torch_fr.summary(fr, hang),
         "recorder_errors": list(log.errors),
     }
 

@@ -17,7 +17,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import log, peek
+from . import compat, log, peek
+from .group_timeouts import GroupTimeout, group_timeout
 from .members import compact_ranks
 from .storage import c_base
 
@@ -133,7 +134,7 @@ def describe_group(pg: Any) -> GroupState | None:
     rank_in_group = dist.get_rank(pg)
     if rank_in_group < 0:
         return None
-    ranks = list(dist.get_process_group_ranks(pg))
+    ranks = compat.group_ranks(pg)  # torch 2.1: the default group's members are set late
     try:
         backend = str(dist.get_backend(pg))
     except Exception:  # noqa: BLE001
@@ -169,6 +170,10 @@ class GroupRegistry:
         self.max_retired = max_retired
         self.relabel = relabel  # (name, label): rename the ring's entries of a destroyed group
         self._incarnations: dict[tuple[str, str], int] = {}  # (name, digest) -> times retired
+        # group name -> its timeout (group_timeouts.py), read when the group is registered and re-read by
+        # `refresh_timeouts`; `timeouts_gen` changes with it, so the watchdog re-derives its limits only then
+        self.timeouts: dict[str, GroupTimeout | None] = {}
+        self.timeouts_gen = 0
         # taken only on a miss (a group seen for the first time) and by discover(): the training
         # thread and the watchdog must not both describe one group and retire a namesake twice
         self._lock = threading.RLock()
@@ -188,17 +193,39 @@ class GroupRegistry:
                         self._retire(other_pg)
                 if any(g.name == state.name for g in self.unlabeled):
                     self.relabel_retired()
+                self._read_timeout(state)  # after the relabelling: a namesake's timeout moved with it
             self.by_pg[pg] = state
             return state
+
+    def _read_timeout(self, state: GroupState) -> None:
+        value = group_timeout(state.pg, state.backend)  # never raises
+        if self.timeouts.get(state.name, False) != value:
+            self.timeouts[state.name] = value
+            self.timeouts_gen += 1
+
+    def refresh_timeouts(self) -> None:
+        """Re-read the live groups' timeouts (`_set_pg_timeout` changes them) and forget destroyed ones'."""
+        with self._lock:
+            live = self.live()
+            for state in live:
+                self._read_timeout(state)
+            kept = {g.name for g in live} | set(self.retired)
+            for name in [n for n in self.timeouts if n not in kept]:
+                del self.timeouts[name]
+                self.timeouts_gen += 1
+
+    def timeout_of(self, name: str) -> float | None:
+        t = self.timeouts.get(name)
+        return t.reported if t is not None else None
 
     def known(self) -> list[GroupState]:
         return [g for g in list(self.by_pg.values()) if g is not None]
 
     def table(self, referenced: set[str] | None = None) -> list[dict[str, object]]:
         """Rows of live groups, then of destroyed ones (only those `referenced` by entries, when given)."""
-        live = [g.table_row() for g in self.known()]
+        live = self.known()
         retired = [g for g in list(self.retired.values()) if referenced is None or g.name in referenced]
-        return live + [g.table_row() for g in retired]
+        return [{**g.table_row(), "timeout_s": self.timeout_of(g.name)} for g in live + retired]
 
     def discover(self) -> None:
         """Register every group this process created (C++ ops can run on groups Python never used),
@@ -243,6 +270,8 @@ class GroupRegistry:
                         log.warn_once("relabel", f"could not rename the entries of destroyed group {state.name!r}: {exc!r}")
                 if self.retired.get(state.name) is state:
                     del self.retired[state.name]
+                if state.name in self.timeouts:
+                    self.timeouts[label] = self.timeouts.pop(state.name)
                 state.name = label
                 self.retired[label] = state
             self.unlabeled.clear()
@@ -265,3 +294,5 @@ class GroupRegistry:
         self.by_pg.clear()
         self.retired.clear()
         self.unlabeled.clear()
+        self.timeouts.clear()
+        self.timeouts_gen += 1

@@ -252,6 +252,12 @@ class Recorder:
         entry.state = "completed"
         self._release(entry)
 
+    def complete_unmeasured(self, entry: Entry) -> None:
+        """Completed, seen by a poll: no host time is recorded for it (a polled moment is not one)."""
+        entry.t_complete_ns = None
+        entry.state = "completed"
+        self._release(entry)
+
     def mark_failed(self, entry: Entry, exc: BaseException) -> None:
         entry.t_complete_ns = _monotonic_ns()
         entry.state = "failed"
@@ -272,8 +278,11 @@ class Recorder:
 
         CPU ops: when the training code waits on the Work (`Work.wait` is wrapped), or when the
         watchdog sees it completed, with no cross-thread callback: a future callback runs in the
-        backend's thread and fights the training thread for the GIL on every op. Device ops: the
-        future completes with the device work.
+        backend's thread and fights the training thread for the GIL on every op. Device ops: when the
+        watchdog's poll of `Work.is_completed()` (a non-blocking event query) finds the device done;
+        not by their future, which NCCL completes as soon as the op is queued (a CUDA future's value
+        is stream-ordered), though its error still marks them failed. Ops of a group whose backend
+        completes Works after their wait (`late`: custom backends on CPU tensors): their future.
         """
         entry.work = work
         if entry.device == "cpu" and not late:
@@ -281,15 +290,31 @@ class Recorder:
             return
         if entry.device != "cpu":
             self.by_work[id(work)] = entry  # its Work.wait marks where its end event goes
+            self.polled[entry.id] = entry
+            callback = self._on_device_future
+        else:
+            callback = self._on_future_done
         try:
             future = work.get_future()
-            future.add_done_callback(partial(self._on_future_done, entry))
+            future.add_done_callback(partial(callback, entry))
         except Exception:  # noqa: BLE001 - some backends have no futures: polled instead
             self.polled[entry.id] = entry
 
+    def _on_device_future(self, entry: Entry, future: Any) -> None:
+        """A device op's future: only its error is news (its success comes before the device ran it)."""
+        try:
+            future.value()
+        except Exception as exc:  # noqa: BLE001 - the op failed
+            try:
+                self.mark_failed(entry, exc)
+                if self.on_failure is not None:
+                    self.on_failure(entry, False)
+            except Exception as inner:  # noqa: BLE001
+                log.warn_once("device-future", f"could not record a failed device op: {inner!r}")
+
     def device_waited(self, entry: Entry, work: Any) -> None:
         """The training code waited on a device op's Work: its host call returns at once, the current
-        stream now waits for the op. Time its end there; completion stays the Work's (its future)."""
+        stream now waits for the op. Time its end there; completion stays the Work's (polled)."""
         self.device_timing.waited(entry)
         self.by_work.pop(id(work), None)  # its future (or the watchdog's poll of `polled`) completes it
 
@@ -364,7 +389,10 @@ class Recorder:
             self.mark_failed(entry, exc)
             return False
         if done:
-            self._work_done(entry, work)
+            if entry.device != "cpu":  # found done by a poll: when it ended is the device end event's to say
+                self.complete_unmeasured(entry)
+            else:
+                self._work_done(entry, work)
         return True
 
     # ------------------------------------------------------------------ units (batches, coalescing)

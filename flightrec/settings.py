@@ -33,6 +33,9 @@ class Settings:
     dir: str = DEFAULT_DIR
     buffer: int = DEFAULT_BUFFER
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # who chose timeout_s: "default" (then the watchdog lowers it under groups whose backend ends ops at
+    # their timeout, group_timeouts.py), "FLIGHTREC_TIMEOUT" or "enable()" (applied as given, with a warning)
+    timeout_from: str = "default"
     stacks: bool = False
     dump_on_exit: bool = False
     snapshot_s: float = 0.0  # > 0: the watchdog rewrites this rank's dump every so many seconds
@@ -52,6 +55,7 @@ class Settings:
             "dir": self.dir,
             "buffer": self.buffer,
             "timeout_s": self.timeout_s,
+            "timeout_from": self.timeout_from,
             "stacks": self.stacks,
             "dump_on_exit": self.dump_on_exit,
             "snapshot_s": self.snapshot_s,
@@ -131,6 +135,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         values["buffer"] = _parse_buffer(env["FLIGHTREC_BUFFER"])
     if "FLIGHTREC_TIMEOUT" in env:
         values["timeout_s"] = _parse_timeout(env["FLIGHTREC_TIMEOUT"])
+        values["timeout_from"] = "FLIGHTREC_TIMEOUT"
     if "FLIGHTREC_STACKS" in env:
         values["stacks"] = _parse_bool("FLIGHTREC_STACKS", env["FLIGHTREC_STACKS"])
     if "FLIGHTREC_DUMP_ON_EXIT" in env:
@@ -148,6 +153,9 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             value = _parse_buffer(str(value))
         elif key == "timeout_s":
             value = _parse_timeout(str(value))
+            values["timeout_from"] = "enable()"
+        elif key == "timeout_from":
+            raise SettingsError("flightrec.enable() got an unknown option 'timeout_from' (it says who set timeout_s)")
         elif key == "snapshot_s":
             value = _parse_snapshot(str(value))
         elif key == "on_hang":

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import log
+from . import compat, log
 
 
 def enabled() -> bool:
@@ -24,7 +24,7 @@ def enabled() -> bool:
                 return int(raw) > 0
             except ValueError:
                 return False
-    return hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json")
+    return compat.has_builtin_recorder()
 
 
 def read(include_entries: bool) -> dict[str, Any] | None:
@@ -79,3 +79,67 @@ def tensor_meta(sizes: Any, dtypes: Any) -> list[tuple[tuple[int, ...], str]]:
     sizes, dtypes = list(sizes or []), list(dtypes or [])
     dtypes += ["unknown"] * (len(sizes) - len(dtypes))
     return [(tuple(size), _DTYPES.get(str(dtype), str(dtype).lower())) for size, dtype in zip(sizes, dtypes, strict=False)]
+
+
+# A hang dump (flightrec's `timeout`, and a peer's dump on its request) carries PyTorch's own recorder
+# state too: what NCCL's watchdog will act on, and write itself with TORCH_NCCL_DUMP_ON_TIMEOUT, once the
+# group's timeout passes (it may abort the process right after). Kept small: the newest entries only.
+HANG_REASONS = ("timeout", "peer_request")
+KEPT_ENTRIES = 32
+ENTRY_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+                "is_p2p", "state", "retired", "time_created_ns", "time_discovered_started_ns",
+                "time_discovered_completed_ns", "timeout_ms", "input_sizes", "input_dtypes", "output_sizes")
+
+
+def _env_flag(names: tuple[str, ...]) -> bool | None:
+    """The first of `names` set, as PyTorch reads a boolean; None when none is set (its default applies)."""
+    for name in names:
+        raw = os.environ.get(name)
+        if raw is not None:
+            return raw.strip().lower() in ("1", "true", "yes", "on", "y")
+    return None
+
+
+def read_nccl() -> dict[str, Any] | None:
+    """PyTorch's NCCL recorder (a recorder of its own, beside the one `read` reads), or None. Read only
+    where its buffer is set explicitly (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE > 0): its
+    default differs between releases, and dumping a disabled recorder aborts the process."""
+    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace_json", None)
+    if dump is None:
+        return None
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        raw = os.environ.get(name)
+        if raw is not None:
+            break
+    else:
+        return None
+    try:
+        if int(raw) <= 0:
+            return None
+        return json.loads(dump(includeCollectives=True))
+    except Exception as exc:  # noqa: BLE001
+        log.warn_once("torch-fr-nccl", f"PyTorch's NCCL flight recorder could not be read: {exc!r}")
+        return None
+
+
+def _compact(fr: dict[str, Any]) -> dict[str, Any]:
+    entries = [e for e in fr.get("entries") or [] if isinstance(e, dict)]
+    return {"pg_status": fr.get("pg_status"), "version": fr.get("version"), "entries_total": len(entries),
+            "entries": [{k: e[k] for k in ENTRY_FIELDS if k in e} for e in entries[-KEPT_ENTRIES:]]}
+
+
+def summary(fr: dict[str, Any] | None, hang: bool) -> dict[str, Any] | None:
+    """The dump's `torch_fr` (docs/dump-format.md): `pg_status` always; in a hang dump also the newest
+    entries with their key fields, the same of PyTorch's NCCL recorder (`nccl`), and whether and where
+    PyTorch writes its own dump on timeout."""
+    nccl = read_nccl() if hang else None
+    if fr is None and nccl is None:
+        return None
+    if not hang:
+        return {"pg_status": (fr or {}).get("pg_status")}
+    out = _compact(fr) if fr is not None else {"pg_status": None, "version": None, "entries_total": None, "entries": None}
+    out["nccl"] = _compact(nccl) if nccl is not None else None
+    out["dump_on_timeout"] = _env_flag(("TORCH_NCCL_DUMP_ON_TIMEOUT",))
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    out["dump_prefix"] = prefix or None
+    return out

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from . import log, torch_fr
 from .entry import Entry, format_site
+from .group_timeouts import Limits, derive_limits, unsafe_setting, warning_text
 from .onhang import HANG_REQUEST, UNCONFIRMED_REQUEST, HangAction, peer_what
 from .recorder import Recorder
 from .settings import Settings
@@ -28,6 +29,7 @@ _PEER_REQUEST_EVERY_S = 5.0
 # Every rank polls the job's store: at 16k ranks, once a second is 16k requests/s on one host
 # (PyTorch's own NCCL monitor checks its store as often: TORCH_NCCL_COORD_CHECK_MILSEC=1000).
 _STORE_POLL_EVERY_S = 1.0
+_TIMEOUTS_EVERY_S = 5.0  # re-read the groups' timeouts (a job may change them with _set_pg_timeout)
 
 
 CPP_SITE = "issued from C++ (e.g. DDP's Reducer)"
@@ -64,6 +66,10 @@ class Watchdog:
         self.last_dump_mono_ns = 0
         self._recorded_seen = -1  # ring.recorded at the last change, and when it changed: see _silent_cpp_op
         self._recorded_since_ns = 0
+        self.limits = Limits(settings.timeout_s)  # per group: derived from the groups' timeouts (group_timeouts.py)
+        self._limits_gen = -1
+        self._next_timeouts = 0.0
+        self._warned_below = float("inf")  # the shortest group timeout already warned about
         self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -132,6 +138,11 @@ class Watchdog:
         if now >= self._next_discover:
             self._next_discover = now + _DISCOVER_EVERY_S
             rec.groups.discover()
+        if now >= self._next_timeouts:
+            self._next_timeouts = now + _TIMEOUTS_EVERY_S
+            rec.groups.refresh_timeouts()
+        if rec.groups.timeouts_gen != self._limits_gen:
+            self._update_limits()
         rec.scan_cpp_ops()
         if now >= self._next_fr:
             self._next_fr = now + _FR_STATUS_EVERY_S
@@ -180,19 +191,34 @@ class Watchdog:
             else:
                 entry.state = "started"
 
+    def _update_limits(self) -> None:
+        """Re-derive the per-group limits from the groups' timeouts; warn (once per shorter group timeout)
+        when an explicit FLIGHTREC_TIMEOUT would let a group's own watchdog end its op first."""
+        groups = self.rec.groups
+        self._limits_gen = groups.timeouts_gen
+        timeouts = dict(groups.timeouts)
+        explicit = self.settings.timeout_from != "default"
+        self.limits = derive_limits(self.settings.timeout_s, explicit, timeouts)
+        unsafe = unsafe_setting(self.settings.timeout_s, explicit, timeouts)
+        if unsafe is not None and unsafe[1].seconds < self._warned_below:
+            self._warned_below = unsafe[1].seconds
+            setting = "FLIGHTREC_TIMEOUT" if self.settings.timeout_from == "FLIGHTREC_TIMEOUT" else "flightrec.enable(timeout_s)"
+            log.warn(warning_text(setting, self.settings.timeout_s, *unsafe))
+
     def _check_timeouts(self) -> None:
-        limit_ns = int(self.settings.timeout_s * 1e9)
+        limits = self.limits
         now = time.monotonic_ns()
         candidates = self.rec.in_flight()
         candidates += [e for e in self.rec.cpp_open if e.state == "started"]
-        stuck = [e for e in candidates if e.pending and now - e.t_enqueue_ns > limit_ns and e.id not in self._fired]
+        stuck = [e for e in candidates
+                 if e.pending and now - e.t_enqueue_ns > limits.seconds(e.group) * 1e9 and e.id not in self._fired]
         if not stuck:
-            silent = self._silent_cpp_op(now, limit_ns)
+            silent = self._silent_cpp_op(now, limits)
             if silent is not None:
                 self._fired.add(silent.id)
                 waited = (now - self._recorded_since_ns) / 1e9
-                detail = (f"{describe(silent)}, then no op for {waited:.1f}s; its completion cannot be observed "
-                          "without PyTorch's recorder (TORCH_FR_BUFFER_SIZE)")
+                detail = (f"{describe(silent)}, then no op for {waited:.1f}s{limits.note(silent.group)}; its completion "
+                          "cannot be observed without PyTorch's recorder (TORCH_FR_BUFFER_SIZE)")
                 written = self._dump("timeout", detail)
                 self._ask_peers(f"{UNCONFIRMED_REQUEST} {_rank()}: {detail}")
                 self.hang.hung(detail, written, confirmed=False)  # a long compute phase looks the same
@@ -200,7 +226,7 @@ class Watchdog:
         oldest = min(stuck, key=lambda e: e.t_enqueue_ns)
         self._fired.update(e.id for e in stuck)
         waited = (now - oldest.t_enqueue_ns) / 1e9
-        detail = f"{describe(oldest)} incomplete after {waited:.1f}s"
+        detail = f"{describe(oldest)} incomplete after {waited:.1f}s{limits.note(oldest.group)}"
         if self.last_dump_mono_ns > oldest.t_enqueue_ns:
             self.hang.hung(detail, True)  # the dump taken while it was pending (e.g. a peer asked first) shows it
             return
@@ -208,7 +234,7 @@ class Watchdog:
         self._ask_peers(f"{HANG_REQUEST} {_rank()}: {detail}")
         self.hang.hung(detail, written)
 
-    def _silent_cpp_op(self, now: int, limit_ns: int) -> Entry | None:
+    def _silent_cpp_op(self, now: int, limits: Limits) -> Entry | None:
         """The newest op, when it was issued from C++, its completion cannot be observed (`unknown`:
         PyTorch's recorder is off) and nothing was recorded for a whole timeout since: DDP's Reducer
         blocked in its all-reduce looks exactly like this, and nothing else would ever fire. A rank
@@ -221,7 +247,7 @@ class Watchdog:
         last = self.rec.cpp_open[-1] if self.rec.cpp_open else None
         if last is None or last.state != "unknown" or last.id != recorded - 1 or last.id in self._fired:
             return None
-        return last if now - self._recorded_since_ns > limit_ns else None
+        return last if now - self._recorded_since_ns > limits.seconds(last.group) * 1e9 else None
 
     def _ask_peers(self, reason: str) -> None:
         now = time.monotonic()

@@ -47,16 +47,25 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
         if not allow_failure and any(code != 0 for code in codes):
             raise JobFailed(f"ranks exited with {codes}\n{_tracebacks(ctx)}")
     finally:
-        for name in ctx.error_files:
+        for name in _error_files(ctx):
             with contextlib.suppress(OSError):
                 os.unlink(name)
     return codes
 
 
+def _error_files(ctx: Any) -> list[str]:
+    """Where spawned workers pickle their tracebacks; torch before 2.3 queues them (`error_queues`) instead."""
+    return list(getattr(ctx, "error_files", ()))
+
+
 def _tracebacks(ctx: Any) -> str:
     """The ranks' own tracebacks: spawned workers pickle them to a file instead of printing them."""
     texts = []
-    for rank, name in enumerate(ctx.error_files):
+    for rank, queue in enumerate(getattr(ctx, "error_queues", ())):
+        with contextlib.suppress(Exception):  # torch < 2.3: the traceback text is on a queue
+            if not queue.empty():
+                texts.append(f"--- rank {rank} ---\n{queue.get(timeout=1)}")
+    for rank, name in enumerate(_error_files(ctx)):
         try:
             with open(name, "rb") as handle:
                 texts.append(f"--- rank {rank} ---\n{pickle.load(handle)}")

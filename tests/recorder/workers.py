@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import flightrec
+from flightrec import compat
 from tests.helpers import init_rank
 
 
@@ -21,10 +22,13 @@ def every_api(rank: int, world_size: int, port: int, out: str) -> None:
     dist.all_reduce(t)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
     dist.all_gather([torch.zeros(4) for _ in range(ws)], t)
-    dist.all_gather_into_tensor(torch.zeros(4 * ws), t)
+    tensor_ops = compat.gloo_tensor_collectives()  # torch 2.1's gloo has neither of the tensor forms
+    if tensor_ops:
+        dist.all_gather_into_tensor(torch.zeros(4 * ws), t)
     dist.all_gather_object([None] * ws, {"rank": rank})
     dist.reduce(t, dst=1)
-    dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * ws))
+    if tensor_ops:
+        dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * ws))
     dist.broadcast(t, src=2)
     dist.broadcast_object_list([rank, "x"], src=0)
     dist.scatter(torch.zeros(3), [torch.ones(3)] * ws if rank == 0 else None, src=0)

@@ -56,7 +56,7 @@ def test_cli_reports_the_compute_hang(tmp_path: Path) -> None:
     assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(2, "not_entered")]
     text = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
-    assert text.splitlines()[0].startswith("hang") and "stall_in_compute" in text
+    assert text.splitlines()[0].startswith("HANG: rank 2 never reached all_reduce") and "stall_in_compute" in text
 
 
 def test_published_scenario_table_covers_every_scenario() -> None:
