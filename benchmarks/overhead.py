@@ -7,6 +7,7 @@ runs those two processes side by side, each pinned to its own CPU (same thread p
 block by block (same moment), then flightrec alone unpinned. Prints medians in microseconds and ratios (docs/overhead.md).
 
     python benchmarks/overhead.py [--rounds 6] [--block 400] [--blocks 40]
+    python benchmarks/overhead.py --device cpu-standin|cuda [--json OUT] [--quick] [--dry-run]   # the device path
 """
 
 from __future__ import annotations
@@ -237,12 +238,49 @@ def _paired(result: dict[str, list[float]], variant: str, base: str) -> float:
     return statistics.median([w - b for w, b in zip(result[variant], result[base], strict=True)])
 
 
+def _device_main(args: argparse.Namespace) -> int:
+    """`--device`: the device path's host cost (benchmarks/overhead_device.py)."""
+    sys.path.insert(0, ROOT)
+    from benchmarks import overhead_device
+
+    quick = (1, 4, 50) if args.quick else (4, 20, 200 if args.device == "cpu-standin" else 100)
+    rounds, blocks, block = (given or default for given, default in zip((args.rounds, args.blocks, args.block), quick,
+                                                                         strict=True))
+    if args.device == "cpu-standin":
+        if args.dry_run:
+            print("--dry-run goes with --device cuda", file=sys.stderr)
+            return 2
+        return overhead_device.run_standin(rounds, blocks, block, args.json)
+    return overhead_device.run_cuda(rounds, blocks, block, args.json, args.budget_s, args.child_timeout_s, args.dry_run)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--block", type=int, default=400)
-    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=None, help="default 6 (gloo), 4 (--device)")
+    parser.add_argument("--block", type=int, default=None, help="calls per block; default 400 (gloo), 200 / 100 (--device)")
+    parser.add_argument("--blocks", type=int, default=None, help="blocks per process; default 40 (gloo), 20 (--device)")
+    parser.add_argument("--device", choices=("cpu-standin", "cuda"), default=None,
+                        help="the device path's host cost: on CPU with a stand-in device, or on one GPU against "
+                             "PyTorch's recorder on NCCL (benchmarks/overhead_device.py)")
+    parser.add_argument("--json", default=None, metavar="OUT", help="with --device: write the figures to OUT")
+    parser.add_argument("--quick", action="store_true", help="with --device: a tiny run (tests; figures unreliable)")
+    parser.add_argument("--dry-run", action="store_true", help="with --device cuda: print the plan, start nothing")
+    parser.add_argument("--budget-s", type=float, default=170.0,
+                        help="with --device cuda: start no round after this many seconds (default 170)")
+    parser.add_argument("--child-timeout-s", type=float, default=90.0,
+                        help="with --device cuda: kill a variant's process after this many seconds (default 90)")
     args = parser.parse_args()
+    for name in ("rounds", "block", "blocks"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
+    for name in ("budget_s", "child_timeout_s"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}")
+    if args.device is not None:
+        sys.exit(_device_main(args))
+    if args.json or args.quick or args.dry_run:
+        parser.error("--json, --quick and --dry-run go with --device")
+    args.rounds, args.block, args.blocks = args.rounds or 6, args.block or 400, args.blocks or 40
     cores = _cores()
     rounds = [run_round(r, args.block, args.blocks, cores) for r in range(args.rounds)]
     modes = ("sync", "async")

@@ -3,7 +3,9 @@ children, its variants and its verdict lines. Its figures are not asserted: they
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +40,59 @@ def test_startup_benchmark_finds_no_import_by_the_hook() -> None:
     timed = [line for line in lines if line.startswith("flightrec ")]
     assert [line.split(":")[0] for line in timed] == ["flightrec --help", "flightrec dump-now", "flightrec analyze (4 ranks)"]
     assert all(" s (" in line and "target < " in line for line in timed), timed
+
+
+ROWS = ("no recorder (gloo, CPU tensors)", "flightrec, gloo path", "no recorder (stand-in backend)",
+        "flightrec, device path (stand-in)")
+
+
+def test_device_path_benchmark_runs_on_cpu_with_its_standin(tmp_path: Path) -> None:
+    """`--device cpu-standin` (quick): no recorder, the gloo path and the device path, each with its ratio to
+    the no-recorder baseline of the same run, and proof that the device path ran on stand-in events."""
+    out = tmp_path / "standin.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--device", "cpu-standin",
+                           "--quick", "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("device path on CPU with a stand-in device") and "1 rounds x 4 blocks x 50 calls" in lines[0]
+    assert any(line.startswith("stand-in: ") for line in lines) and any(line.startswith("not modelled: ") for line in lines)
+    rows: dict[tuple[str, int], list[float]] = {}
+    for line in lines:
+        for label in ROWS:
+            if line.startswith(label + " "):
+                world, sync_us, sync_ratio, async_us, async_ratio = line[len(label):].split()
+                rows[(label, int(world))] = [float(sync_us), float(sync_ratio), float(async_us), float(async_ratio)]
+    assert sorted(rows) == sorted([(ROWS[0], 1), (ROWS[1], 1), (ROWS[0], 2), (ROWS[1], 2), (ROWS[2], 1), (ROWS[3], 1)])
+    figures = json.loads(out.read_text())["figures"]
+    for (label, world), (sync_us, sync_ratio, async_us, async_ratio) in rows.items():
+        if label.startswith("no recorder"):
+            assert sync_ratio == async_ratio == 1.0
+            continue
+        path = "device" if "device" in label else "gloo"
+        for mode, us, ratio in (("sync", sync_us, sync_ratio), ("async", async_us, async_ratio)):
+            f = figures[f"{path}_ws{world}_{mode}"]
+            assert abs(f["flightrec_us"] - us) < 0.01 and abs(f["ratio"] - ratio) < 0.01
+            assert abs(f["flightrec_us"] / f["base_us"] - f["ratio"]) < 1e-6  # a ratio to the same run's baseline
+    check = next(line for line in lines if line.startswith("device path check"))
+    ops, timed = re.search(r"(\d+) ops recorded on 'meta' in the ring, (\d+) with device start and end times", check).groups()
+    assert int(ops) > 0 and int(timed) > 0, check
+
+
+def test_cuda_benchmark_has_a_plan_and_says_when_there_is_no_gpu(tmp_path: Path) -> None:
+    """`--device cuda`: the plan of its four variants (--dry-run), and, without a GPU, a clear exit, not a hang."""
+    plan_file = tmp_path / "plan.json"
+    dry = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--device", "cuda", "--dry-run",
+                          "--json", str(plan_file)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    plan = json.loads(plan_file.read_text())
+    assert {k: (v["env"]["TORCH_NCCL_TRACE_BUFFER_SIZE"], v["flightrec"]) for k, v in plan["variants"].items()} == {
+        "a": ("0", False), "b": ("2000", False), "c": ("0", True), "d": ("2000", True)}
+    import torch
+
+    if torch.cuda.is_available():
+        return  # the real run is benchmarks/gpu_check.py's (about three minutes)
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--device", "cuda", "--json",
+                           str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and "no CUDA device" in done.stderr, (done.returncode, done.stderr[-2000:])
+    assert json.loads(out.read_text())["ok"] is False

@@ -1,0 +1,113 @@
+"""A stand-in device, so that flightrec's device path can be timed on a machine without one (benchmarks only).
+
+Why: the device path (ops on NCCL/HCCL tensors: forced async, start/end events, the Work followed
+and polled) is Python code flightrec runs on the training thread, and its host cost can be measured
+anywhere if something takes the device's place. Three pieces do:
+
+- `StandinProcessGroup`: a Python `ProcessGroup` registered as the backend `standin`. Each op returns
+  a C++ Work (`_create_work_from_future`) wrapping a future that is already complete, as if the device
+  had run the op the moment it was queued: `wait()`, `get_future()` and `is_completed()` are torch's
+  own C++ calls, and flightrec files the group as one whose Works complete after their wait (NCCL's kind).
+- `meta` tensors (no storage): flightrec records the op's device as `meta`, not `cpu`, so it takes the
+  device path exactly as for `cuda`.
+- `StandinEvent`, installed as the recorder's event factory (`DeviceTiming`'s injectable one):
+  `record()` stores the host clock, `query()` is true once recorded. flightrec records, pools and
+  resolves them as it does `torch.Event`s.
+
+Not modelled: the device runtime's own host costs: `cudaEventRecord` behind `torch.Event.record`,
+the graph-capture query on `torch.cuda`, NCCL's enqueue and its CUDA future's stream bookkeeping,
+`is_completed()`'s event query, and the backend counter read (this group keeps no counter).
+`benchmarks/overhead.py --device cuda` measures the real path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+BACKEND = "standin"
+DEVICE = "meta"
+
+WHAT_IT_MODELS = (
+    f"stand-in: backend '{BACKEND}' (a Python ProcessGroup whose ops return a C++ Work wrapping an already-completed "
+    f"future: a device that ran the op at once) on '{DEVICE}' tensors (no data), so flightrec takes its device path "
+    "(forced async, start/end events, Work followed, polled and resolved by the watchdog); events: StandinEvent "
+    "(record() stores the host clock, query() is true once recorded) as the recorder's event factory")
+NOT_MODELLED = (
+    "not modelled: the device runtime's own host costs (cudaEventRecord behind torch.Event.record, the graph-capture "
+    "query on torch.cuda, NCCL's enqueue and its CUDA future's stream bookkeeping, is_completed()'s event query) and "
+    "the backend counter read (the stand-in group keeps none): `--device cuda` measures those")
+
+
+class StandinEvent:
+    """Stands in for `torch.Event`: recorded on a device that has always caught up with the host."""
+
+    __slots__ = ("t_ns",)
+    created = 0  # how many flightrec asked for: proof that the device path ran with these
+
+    def __init__(self, device: str) -> None:
+        StandinEvent.created += 1
+        self.t_ns: int | None = None
+
+    def record(self) -> None:
+        self.t_ns = time.monotonic_ns()
+
+    def query(self) -> bool:
+        return self.t_ns is not None
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: StandinEvent) -> float:
+        if self.t_ns is None or end.t_ns is None:
+            raise ValueError("both events must be recorded before calculating elapsed time")
+        return (end.t_ns - self.t_ns) / 1e6
+
+
+class StandinProcessGroup(dist.ProcessGroup):
+    """Completes every op at once; the data is not touched (meta tensors have none)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        done: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        done.set_result(tensors)
+        return _create_work_from_future(done)
+
+    def getBackendName(self) -> str:  # noqa: N802 - the C++ name the trampoline calls
+        return BACKEND
+
+
+def _create(store: Any, rank: int, size: int, timeout: Any) -> StandinProcessGroup:
+    return StandinProcessGroup(rank, size)
+
+
+def register() -> None:
+    """Make `standin` a backend name torch.distributed knows (once per process)."""
+    if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu", DEVICE])
+
+
+def install_events(recorder: Any) -> Any:
+    """Give `recorder` a DeviceTiming whose events are stand-ins (flightrec's own constructor, its
+    injectable factory); everything else about it is flightrec's as it is at run time."""
+    from flightrec.device_timing import DeviceTiming
+
+    recorder.device_timing = DeviceTiming(factory=StandinEvent)
+    return recorder.device_timing
+
+
+def record_cost_us(calls: int = 20000) -> float:
+    """The stand-in's own price: µs per `record()` in a hot loop (two per op on the device path)."""
+    event = StandinEvent(DEVICE)
+    StandinEvent.created -= 1
+    record = event.record
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        record()
+    return (time.perf_counter_ns() - start) / calls / 1e3
