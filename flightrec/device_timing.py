@@ -115,13 +115,15 @@ class DeviceTiming:
             log.warn_once("device-events", f"device timing unavailable ({exc!r}); recording host times only")
         return False
 
-    def waited(self, entry: Entry) -> None:
-        """The current stream now waits for the op (its Work was waited on): the end event goes here."""
+    def waited(self, entry: Entry, since_issue: bool = True) -> None:
+        """The current stream now waits for the op (its Work was waited on): the end event goes here.
+        `since_issue=False`: right after the call itself (a blocking op), when no capture can have begun
+        since `before` looked, so the capture check (a device call per op) is not repeated."""
         opened = self._open.get(entry.id)
         if opened is None or opened[3] is not None:
             return
         try:
-            if self._capturing(opened[1]):
+            if since_issue and self._capturing(opened[1]):
                 return  # a capture began since: the start alone is read
             end = self._event(opened[1])
             end.record()

@@ -98,7 +98,7 @@ def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], c
         if result is not None:
             result.wait()  # the current stream now waits for the op (its host returns at once)
         try:
-            rec.device_timing.waited(entry)  # so the end event marks the op's end
+            rec.device_timing.waited(entry, since_issue=False)  # so the end event marks the op's end
         except Exception as exc:  # noqa: BLE001
             log.warn_once("device-waited", f"could not time a device op: {exc!r}")
         return None if blocking else result
