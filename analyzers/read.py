@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from . import read_flightrec, read_torch_fr, safe_pickle
+from . import pickle_columns, read_flightrec, read_torch_fr, safe_pickle
 from .constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
 from .rankdump import DumpError, FileProblem, RankDump, SideFile
 
@@ -132,6 +132,9 @@ def _decode(data: bytes) -> tuple[Any, str]:
         if not data.strip():
             raise DumpError("empty after gunzip")
     if data[:1] == b"\x80":
+        fast = pickle_columns.decode(data, read_torch_fr.TEMPLATE_FIELDS)
+        if fast is not None and read_torch_fr.is_torch_fr(fast):
+            return fast, "pickle"
         try:
             return safe_pickle.loads(data), "pickle"
         except safe_pickle.UnsafePickleError as exc:

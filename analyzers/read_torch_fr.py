@@ -36,12 +36,15 @@ from .columns import (
     text_column,
 )
 from .constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
+from .pickle_columns import CodedColumn, Column, ColumnarEntries, OpColumn, ScalarColumn
 from .rankdump import DumpError, GroupInfo, RankDump
 
 PROFILING_NAME = re.compile(
     r"^(?:(?P<backend>[A-Za-z0-9_]+):)?(?P<op>[A-Za-z0-9_]+)(?:\s+(?P<a>\d+)\s*(?P<arrow>->|<-)\s*(?P<b>\d+))?"
 )
 STATE_MAP = {"scheduled": ENQUEUED, "started": STARTED, "completed": COMPLETED}
+STATE_CATS = [ENQUEUED, STARTED, COMPLETED, "unknown"]  # one list for every rank: a batch merges it once
+UNKNOWN_STATE = STATE_CATS.index("unknown")
 REQUIRED = ("process_group", "profiling_name", "collective_seq_id", "record_id", "state")
 PAIR_ANCHOR = 1 << 20  # a pair's last completed transfer: see _pair_seq (rings hold far fewer entries)
 NPU_DEFAULT_GROUP = "group_name_0"  # torch_npu names groups `group_name_<torch group name>`, with an empty desc
@@ -100,9 +103,12 @@ def parse(obj: dict[str, Any], file: str, rank: int | None, fmt: str, lazy: bool
     if not VERSION.match(version):
         raise DumpError(f"unsupported PyTorch flight-recorder version {version!r} (1.x or 2.x expected)")
     raw = obj.get("entries", [])
-    if not isinstance(raw, list):
+    if isinstance(raw, ColumnarEntries):  # decoded by the C reader (pickle_columns)
+        fields: dict[str, Sequence[Any]] = {name: raw.column(name) for name in raw.names}
+    elif not isinstance(raw, list):
         raise DumpError("`entries` is not a list of records")
-    fields = _fields(raw)
+    else:
+        fields = _fields(raw)
     recorder = _recorder(obj, fields.get("process_group", ()))
     groups = _pg_config_groups(obj.get("pg_config"), rank if recorder == TORCHCOMMS else None)
     pg_status = parse_pg_status(obj.get("pg_status"))
@@ -239,10 +245,12 @@ def _sorted_by_record_id(fields: dict[str, Sequence[Any]]) -> dict[str, Sequence
     if len(ids) < 2 or bool((order == np.arange(len(ids))).all()):
         return {**fields, "record_id": ids}
     pick = operator.itemgetter(*order.tolist())
-    return {**{k: pick(v) for k, v in fields.items()}, "record_id": ids[order]}
+    return {**{k: v.take(order) if isinstance(v, Column) else pick(v) for k, v in fields.items()}, "record_id": ids[order]}
 
 
 def _ids(values: Sequence[Any]) -> np.ndarray:
+    if _plain_ints(values):
+        return values.values  # type: ignore[attr-defined, no-any-return]
     try:
         return np.fromiter(values, dtype=np.int64, count=len(values))
     except (TypeError, ValueError, OverflowError):  # strings in hand-built JSON; anything else is an error
@@ -261,11 +269,22 @@ class _Ops:
         self.fields = fields
         self.record_id: np.ndarray = fields["record_id"]  # type: ignore[assignment]
         names = [f for f in TEMPLATE_FIELDS if f in fields]
-        per_row = list(zip(*(fields[f] for f in names), strict=True))
-        codes, _ = pd.factorize(serialised_keys(per_row))
-        self.codes = codes.astype(np.int64)
-        first = first_rows(self.codes).tolist()
-        self.templates = _OpTemplates({f: [fields[f][i] for i in first] for f in names}, groups)
+        coded = [fields[f] for f in names]
+        digest = 0
+        if coded and all(isinstance(c, OpColumn) and c.source is coded[0].source for c in coded):
+            # the C reader coded the entries by op already; renumbered by first appearance, as below
+            codes, order = pd.factorize(coded[0].codes)  # type: ignore[attr-defined]
+            self.codes = codes.astype(np.int64)
+            values = {f: [fields[f].uniques[i] for i in order.tolist()] for f in names}  # type: ignore[attr-defined]
+            if bool((order == np.arange(len(order))).all()):  # the ops in the C reader's order: its digest holds
+                digest = coded[0].source.op_digest  # type: ignore[attr-defined]
+        else:
+            per_row = list(zip(*(fields[f] for f in names), strict=True))
+            codes, _ = pd.factorize(serialised_keys(per_row))
+            self.codes = codes.astype(np.int64)
+            first = first_rows(self.codes).tolist()
+            values = {f: [fields[f][i] for i in first] for f in names}
+        self.templates = _OpTemplates(values, groups, digest)
 
     def get(self, field: str) -> Sequence[Any] | None:
         return self.fields.get(field)
@@ -279,10 +298,12 @@ TEMPLATE_FIELDS = ("process_group", "pg_id", "profiling_name", "is_p2p", "input_
 
 
 class _OpTemplates:
-    """Each distinct op read once: its group, parsed name, peer, sizes, dtypes, call site."""
+    """Each distinct op read once: its group, parsed name, peer, sizes, dtypes, call site. `digest`: the
+    C reader's hash of the ops' content (0: none), under which the columns are shared (`_SHARED`)."""
 
-    def __init__(self, values: dict[str, list[Any]], groups: list[GroupInfo]) -> None:
+    def __init__(self, values: dict[str, list[Any]], groups: list[GroupInfo], digest: int = 0) -> None:
         self.values = values
+        self.digest = digest
         self.count = count = len(values["process_group"])
         pgs = values["process_group"]
         self.group = [str(p[0]) if isinstance(p, (list, tuple)) and p else "nan" for p in pgs]
@@ -303,7 +324,24 @@ class _OpTemplates:
         self.uid = [str(u) for u in uid] if uid is not None else self.group  # pg_status's key (need not be the name)
 
     def columns(self) -> dict[str, Any]:
-        """The per-op columns of the entry table (`count` rows each)."""
+        """The per-op columns of the entry table (`count` rows each).
+
+        Ranks of one role run the same ops: the columns that depend on the ops' content alone are made
+        once per reader process and shared (the same objects, so a batch also finishes them once,
+        columns.expand_batch). The digest only finds the candidate; the values themselves must be equal."""
+        key = (self.digest, tuple(self.values)) if self.digest else None
+        known = _SHARED.get(key) if key is not None else None
+        if known is not None and known[0] == self.values:
+            cols = known[1]
+        else:
+            cols = self._content_columns()
+            if key is not None:
+                if len(_SHARED) >= SHARED_MAX:
+                    _SHARED.clear()
+                _SHARED[key] = (self.values, cols)
+        return {**cols, "peer": self.peer}
+
+    def _content_columns(self) -> dict[str, Any]:
         v = self.values
         op = np.asarray(self.op, dtype=object)
         site, stack = _sites(v.get("frames"), self.count)
@@ -322,7 +360,6 @@ class _OpTemplates:
             "kind": np.where(self.is_p2p, "p2p", "coll").astype(object),
             "op": op,
             "api": np.full(self.count, "torch_fr", dtype=object),
-            "peer": self.peer,
             "in_shapes": in_shapes,
             "out_shapes": out_shapes,
             "in_dtypes": in_dtypes,
@@ -335,6 +372,10 @@ class _OpTemplates:
         }
 
 
+_SHARED: dict[tuple[int, tuple[str, ...]], tuple[dict[str, list[Any]], dict[str, Any]]] = {}
+SHARED_MAX = 512  # distinct op sets kept per reader process (a job has a few per pipeline stage and role)
+
+
 def _numbered(values: list[Any]) -> np.ndarray:
     """0..k-1 per distinct value, in order of first appearance (a few dozen ops: a dict beats pandas)."""
     index: dict[Any, int] = {}
@@ -345,6 +386,10 @@ class _StateCodes:
     """The `state` field (`scheduled`, `started`, `completed`) factorised once."""
 
     def __init__(self, values: Sequence[Any] | None) -> None:
+        if isinstance(values, CodedColumn):  # the C reader factorised it already
+            self.codes = values.codes
+            self.text = [str(u) for u in values.uniques]
+            return
         arr = np.empty(len(values) if values is not None else 0, dtype=object)
         if values is not None:
             arr[:] = list(values)
@@ -359,9 +404,10 @@ class _StateCodes:
         table = np.asarray([t == "completed" for t in self.text] + [False], dtype=bool)
         return table[self.codes]
 
-    def mapped(self) -> np.ndarray:
-        table = np.asarray([STATE_MAP.get(t, "unknown") for t in self.text] + ["unknown"], dtype=object)
-        return table[self.codes]
+    def mapped(self) -> Coded:
+        table = np.asarray([STATE_CATS.index(STATE_MAP.get(t, "unknown")) for t in self.text] + [UNKNOWN_STATE],
+                           dtype=np.int32)
+        return Coded(table[self.codes], STATE_CATS)
 
 
 def _pair_seq(pair: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -399,14 +445,25 @@ def _ints(values: Sequence[Any] | None, n: int) -> np.ndarray:
     """An id column as int64 (-1 where missing); JSON dumps and PyTorch's tests may give numbers as strings."""
     if values is None:
         return np.full(n, -1, dtype=np.int64)
+    if _plain_ints(values, missing_ok=True):
+        return np.where(values.missing, -1, values.values)  # type: ignore[attr-defined]
     try:
         return np.fromiter(values, dtype=np.int64, count=n)
     except (TypeError, ValueError, OverflowError):
         return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").fillna(-1).astype(np.int64).to_numpy()
 
 
+def _plain_ints(values: Sequence[Any], missing_ok: bool = False) -> bool:
+    """An integer column from the C reader (with no missing values unless `missing_ok`)."""
+    return isinstance(values, ScalarColumn) and values.values.dtype == np.int64 and (
+        missing_ok or not values.missing.any()
+    )
+
+
 def _flags(values: Sequence[Any]) -> np.ndarray:
     """A boolean field as bools (missing = False); hand-built JSON may spell them "true"/"1"."""
+    if isinstance(values, ScalarColumn) and values.values.dtype == np.bool_:
+        return values.values & ~values.missing
     try:
         plain = BOOLS.issuperset(values)
     except TypeError:
@@ -467,7 +524,7 @@ def _drop(coded: Coded, rows: np.ndarray) -> Coded:
     return Coded(np.where(rows, -1, coded.codes).astype(coded.codes.dtype), coded.cats)
 
 
-def _retired_state(ops: _Ops, op_id: np.ndarray, pg_status: dict[str, dict[str, int]] | None) -> np.ndarray:
+def _retired_state(ops: _Ops, op_id: np.ndarray, pg_status: dict[str, dict[str, int]] | None) -> Coded:
     """Without device events: an op is pending when not `retired`, or when pg_status has not seen it complete."""
     retired = ops.get("retired")
     pending = ~_flags(retired) if retired is not None else np.zeros(len(op_id), dtype=bool)
@@ -476,7 +533,7 @@ def _retired_state(ops: _Ops, op_id: np.ndarray, pg_status: dict[str, dict[str, 
         known = np.asarray([x is not None for x in last], dtype=bool)[ops.codes]
         limit = np.asarray([x if x is not None else -1 for x in last], dtype=np.int64)[ops.codes]
         pending |= known & (op_id > limit)
-    return np.where(pending, STARTED, COMPLETED).astype(object)
+    return Coded(np.where(pending, STATE_CATS.index(STARTED), STATE_CATS.index(COMPLETED)).astype(np.int32), STATE_CATS)
 
 
 def _recorder(obj: dict[str, Any], process_groups: Sequence[Any]) -> str:
@@ -496,6 +553,8 @@ def _recorder(obj: dict[str, Any], process_groups: Sequence[Any]) -> str:
 
 def _distinct_pairs(values: Sequence[Any]) -> list[tuple[Any, ...]]:
     """The distinct `process_group` values that are [name, desc] pairs, each once (deduplicated in C)."""
+    if isinstance(values, CodedColumn):
+        values = values.uniques
     try:
         distinct = list(dict.fromkeys(values))  # pickles: tuples
     except TypeError:
@@ -554,6 +613,9 @@ def _ns(values: Sequence[Any] | None, n: int) -> Any:
     (pickle) for 'not observed'."""
     if values is None:
         return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+    if _plain_ints(values, missing_ok=True):
+        ints = values.values  # type: ignore[attr-defined]
+        return pd.arrays.IntegerArray(ints.copy(), values.missing | (ints <= 0))  # type: ignore[attr-defined]
     try:  # no nulls: straight into numpy
         ints = np.fromiter(values, dtype=np.int64, count=n)
         return pd.arrays.IntegerArray(ints, ints <= 0)
