@@ -177,8 +177,9 @@ def _entries(
 
     states = _StateCodes(ops.get("state"))
     times = {name: _ns(ops.get(field), n) for name, field in TIME_FIELDS.items()}
+    seen = [times["t_complete_ns"], _ns(ops.get("time_discovered_started_ns"), n)]  # any event observed at all
     no_events = "retired" in ops.fields and not states.any_event() and not any(
-        bool((~t_.isna() & (t_ > 0)).any()) for name, t_ in times.items() if name != "t_enqueue_ns"
+        bool((~t_.isna() & (t_ > 0)).any()) for t_ in seen
     )
     p2p_rows = np.flatnonzero(is_p2p & (t.peer[codes] >= 0))
     if len(p2p_rows):
@@ -214,10 +215,11 @@ def _entries(
     return Templated(rank, n, per_entry, t.columns(), codes, t.count), backend, no_events
 
 
+# `time_discovered_started_ns` is not read: it is when PyTorch's watchdog noticed the start event, a
+# polled time, not when the device started the op (flightrec's `t_dev_start_ns` is a measurement)
 TIME_FIELDS = {
     "t_enqueue_ns": "time_created_ns",
     "t_complete_ns": "time_discovered_completed_ns",
-    "t_dev_start_ns": "time_discovered_started_ns",
 }
 
 
@@ -272,12 +274,16 @@ class _Ops:
         coded = [fields[f] for f in names]
         digest = 0
         if coded and all(isinstance(c, OpColumn) and c.source is coded[0].source for c in coded):
-            # the C reader coded the entries by op already; renumbered by first appearance, as below
-            codes, order = pd.factorize(coded[0].codes)  # type: ignore[attr-defined]
-            self.codes = codes.astype(np.int64)
-            values = {f: [fields[f].uniques[i] for i in order.tolist()] for f in names}  # type: ignore[attr-defined]
-            if bool((order == np.arange(len(order))).all()):  # the ops in the C reader's order: its digest holds
-                digest = coded[0].source.op_digest  # type: ignore[attr-defined]
+            # the C reader coded the entries by op already
+            source = coded[0].source  # type: ignore[attr-defined]
+            if coded[0].codes is source.op_codes:  # entries in the ring's order: ops numbered as they appear
+                self.codes = source.op_codes
+                values = {f: fields[f].uniques for f in names}  # type: ignore[attr-defined]
+                digest = source.op_digest  # the ops in the C reader's order: its digest holds
+            else:  # reordered by record id: renumbered by first appearance, as below
+                codes, order = pd.factorize(coded[0].codes)  # type: ignore[attr-defined]
+                self.codes = codes.astype(np.int64)
+                values = {f: [fields[f].uniques[i] for i in order.tolist()] for f in names}  # type: ignore[attr-defined]
         else:
             per_row = list(zip(*(fields[f] for f in names), strict=True))
             codes, _ = pd.factorize(serialised_keys(per_row))
