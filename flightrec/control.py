@@ -65,6 +65,10 @@ class _Armed:
         self.term.uninstall()
         self.abort.uninstall()
         self.exceptions.uninstall()
+        try:  # nothing of ours may keep the job's groups or Works alive (Recorder.release: why)
+            self.recorder.release()
+        except Exception as exc:  # noqa: BLE001 - disable() must not fail the job
+            log.warn_once("release", f"could not let go of the process groups: {exc!r}")
 
     def dump(self, reason: str, detail: str | None = None, **extra: Any) -> bool:
         """Write this rank's dump; False (with a warning) when the folder cannot take it."""
@@ -158,19 +162,23 @@ class ExceptionHooks:
         self._thread_previous, threading.excepthook = threading.excepthook, self._thread_hook
 
     def uninstall(self) -> None:
-        self.active = False  # a hook installed after ours (torch's `[rankN]:` one) may still call ours
+        # A hook installed after ours (torch's `[rankN]:` one, set by init_process_group) keeps calling
+        # ours, which then only passes on: it must not keep the recorder (and its groups) alive.
+        self.active = False
+        self._on_uncaught = None
         if sys.excepthook == self._sys_hook:
             sys.excepthook = self._sys_previous
         if threading.excepthook == self._thread_hook:
             threading.excepthook = self._thread_previous
 
     def _report(self, exc: BaseException | None, tb: TracebackType | None, thread: str) -> None:
-        if exc is None or not isinstance(exc, Exception) or not self.active:
+        on_uncaught = self._on_uncaught
+        if exc is None or not isinstance(exc, Exception) or not self.active or on_uncaught is None:
             return  # SystemExit, KeyboardInterrupt: not a crash of the job's code
         try:
             summary = traceback.extract_tb(tb)
             frames = [f"{f.filename}:{f.lineno} in {f.name}" for f in summary]
-            self._on_uncaught(exc, thread, frames, [(f.line or None) for f in summary])
+            on_uncaught(exc, thread, frames, [(f.line or None) for f in summary])
         except Exception as inner:  # noqa: BLE001 - never mask the job's own exception
             log.warn_once("excepthook", f"could not dump on an uncaught exception: {inner!r}")
 

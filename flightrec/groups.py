@@ -290,6 +290,14 @@ class GroupRegistry:
             return []
         return [g for g in self.known() if g.pg in alive]
 
+    def release_all(self) -> None:
+        """Disarmed: drop every ProcessGroup (the keys of `by_pg` too), so `destroy_process_group()`
+        after `flightrec.disable()` still ends the group there, not at interpreter exit. No lock: a
+        watchdog tick that outlived its join must not make `disable()` wait."""
+        for state in self.known():
+            state.release()
+        self.by_pg.clear()
+
     def clear(self) -> None:
         self.by_pg.clear()
         self.retired.clear()

@@ -501,6 +501,22 @@ class Recorder:
                 inside[state.ident] = -1  # type: ignore[union-attr]
         return inside
 
+    def release(self) -> None:
+        """Disarmed (`flightrec.disable()`): let go of every ProcessGroup and Work, and through the
+        Works of their tensors. A group kept alive past the job's `destroy_process_group()` is
+        destroyed at interpreter exit instead, where gloo's threads cannot take the GIL any more:
+        std::terminate, SIGABRT. The entries stay; a later `enable()` starts a new Recorder."""
+        self.active = False
+        self.groups.release_all()
+        slot = self.async_slot
+        if slot is not None and slot.entry is not None:
+            slot.release(slot.entry)
+        tables = [e for table in (self.pending, self.by_work, self.polled) for e in list(table.values())]
+        for entry in self.ring.snapshot() + self.in_flight() + tables:
+            entry.work = None
+        for table in (self.pending, self.by_work, self.polled):
+            table.clear()
+
     def _relabel_group(self, name: str, label: str) -> None:
         """A destroyed group's entries take its new label (groups.GroupRegistry: why)."""
         for entry in self.ring.snapshot() + self.in_flight() + list(self.cpp_open):
