@@ -590,7 +590,7 @@ done:
 static PyObject *entries_columns(int32_t list, PyObject *templates) {
     size_t rows = vm.nodes[list].len;
     Fields fs = { NULL, 0, 0 };
-    PyObject *names = NULL, *cols = NULL, *codes = NULL, *firsts = NULL, *tvalues = NULL, *out = NULL;
+    PyObject *names = NULL, *cols = NULL, *codes = NULL, *firsts = NULL, *tvalues = NULL, *digests = NULL, *out = NULL;
     Iter it = iter(list);
     int32_t e;
     size_t r = 0;
@@ -615,16 +615,23 @@ static PyObject *entries_columns(int32_t list, PyObject *templates) {
     if (!names || !cols || !tvalues) goto done;
     codes = op_codes(&fs, rows, nt, &firsts);
     if (!codes) goto done;
-    uint64_t digest = 0x2545f4914f6cdd1dULL;  /* the ops' content, in order: equal rings' ops share it */
-    for (Py_ssize_t d = 0; d < PyList_GET_SIZE(firsts); d++) {
-        long row = PyLong_AsLong(PyList_GET_ITEM(firsts, d));
-        for (size_t j = 0; j < fs.n; j++) {
-            if (fs.f[j].template_slot < 0) continue;
-            int32_t x = fs.f[j].cell[row];
+    digests = PyDict_New();  /* per op field: its values over the ops, in order (equal rings share them) */
+    if (!digests) goto done;
+    for (size_t j = 0; j < fs.n; j++) {
+        if (fs.f[j].template_slot < 0) continue;
+        uint64_t digest = 0x2545f4914f6cdd1dULL;
+        for (Py_ssize_t d = 0; d < PyList_GET_SIZE(firsts); d++) {
+            int32_t x = fs.f[j].cell[PyLong_AsLong(PyList_GET_ITEM(firsts, d))];
             uint64_t h = 0x51;
             if (x != NO_NODE && node_hash(x, 0, &h)) goto done;
-            digest = mix(digest, mix(h, (uint64_t)fs.f[j].template_slot));
+            digest = mix(digest, h);
         }
+        PyObject *name = field_name(&fs.f[j]);
+        PyObject *value = name ? PyLong_FromUnsignedLongLong(digest | 1) : NULL;  /* never 0 */
+        int bad = !value || PyDict_SetItem(digests, name, value) < 0;
+        Py_XDECREF(name);
+        Py_XDECREF(value);
+        if (bad) goto done;
     }
     for (size_t j = 0; j < fs.n; j++) {
         PyObject *name = field_name(&fs.f[j]);
@@ -647,7 +654,7 @@ static PyObject *entries_columns(int32_t list, PyObject *templates) {
         Py_DECREF(value);
         Py_DECREF(name);
     }
-    out = Py_BuildValue("(nOOOOK)", (Py_ssize_t)rows, names, cols, codes, tvalues, (unsigned long long)digest);
+    out = Py_BuildValue("(nOOOOO)", (Py_ssize_t)rows, names, cols, codes, tvalues, digests);
 done:
     free_fields(&fs);
     Py_XDECREF(names);
@@ -655,6 +662,7 @@ done:
     Py_XDECREF(codes);
     Py_XDECREF(firsts);
     Py_XDECREF(tvalues);
+    Py_XDECREF(digests);
     return out;
 }
 

@@ -102,14 +102,14 @@ class OpColumn(CodedColumn):
 class ColumnarEntries:
     """A ring's `entries` as columns: `fields` (name -> Column) for the per-entry fields, and for the
     op fields (group, name, sizes, dtypes, frames...) one code per entry (`op_codes`, numbered by first
-    appearance) and each distinct op's values (`op_values`: name -> one value per op). `op_digest`: a
-    hash of the ops' content, so that rings with the same ops can share what is derived from them (a
-    hint only: equal digests must still be checked by comparing `op_values`)."""
+    appearance) and each distinct op's values (`op_values`: name -> one value per op). `op_digests`: per
+    op field, a hash of its values over the ops, so that rings whose ops hold the same values can share
+    what is derived from them (a hint only: equal digests must still be checked by comparing values)."""
 
     def __init__(self, n: int, names: list[str], fields: dict[str, Column], op_codes: np.ndarray,
-                 op_values: dict[str, list[Any]], op_digest: int = 0) -> None:
+                 op_values: dict[str, list[Any]], op_digests: dict[str, int] | None = None) -> None:
         self.n = n
-        self.op_digest = op_digest
+        self.op_digests = op_digests or {}
         self.names = names
         self.fields = fields
         self.op_codes = op_codes
@@ -135,10 +135,10 @@ def decode(data: bytes, op_fields: tuple[str, ...]) -> dict[str, Any] | None:
         return None
     top, entries = got
     if entries is not None:
-        n, names, raw, codes, op_values, digest = entries
+        n, names, raw, codes, op_values, digests = entries
         fields = {name: _column(spec, n) for name, spec in raw.items()}
         top["entries"] = ColumnarEntries(n, names, fields, np.frombuffer(codes, dtype=np.int32).astype(np.int64),
-                                         op_values, digest)
+                                         op_values, digests)
     return top
 
 

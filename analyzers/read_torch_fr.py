@@ -18,7 +18,7 @@ import functools
 import json
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -272,14 +272,14 @@ class _Ops:
         self.record_id: np.ndarray = fields["record_id"]  # type: ignore[assignment]
         names = [f for f in TEMPLATE_FIELDS if f in fields]
         coded = [fields[f] for f in names]
-        digest = 0
+        digests: dict[str, int] = {}
         if coded and all(isinstance(c, OpColumn) and c.source is coded[0].source for c in coded):
             # the C reader coded the entries by op already
             source = coded[0].source  # type: ignore[attr-defined]
             if coded[0].codes is source.op_codes:  # entries in the ring's order: ops numbered as they appear
                 self.codes = source.op_codes
                 values = {f: fields[f].uniques for f in names}  # type: ignore[attr-defined]
-                digest = source.op_digest  # the ops in the C reader's order: its digest holds
+                digests = source.op_digests  # the ops in the C reader's order: its digests hold
             else:  # reordered by record id: renumbered by first appearance, as below
                 codes, order = pd.factorize(coded[0].codes)  # type: ignore[attr-defined]
                 self.codes = codes.astype(np.int64)
@@ -290,7 +290,7 @@ class _Ops:
             self.codes = codes.astype(np.int64)
             first = first_rows(self.codes).tolist()
             values = {f: [fields[f][i] for i in first] for f in names}
-        self.templates = _OpTemplates(values, groups, digest)
+        self.templates = _OpTemplates(values, groups, digests)
 
     def get(self, field: str) -> Sequence[Any] | None:
         return self.fields.get(field)
@@ -304,12 +304,12 @@ TEMPLATE_FIELDS = ("process_group", "pg_id", "profiling_name", "is_p2p", "input_
 
 
 class _OpTemplates:
-    """Each distinct op read once: its group, parsed name, peer, sizes, dtypes, call site. `digest`: the
-    C reader's hash of the ops' content (0: none), under which the columns are shared (`_SHARED`)."""
+    """Each distinct op read once: its group, parsed name, peer, sizes, dtypes, call site. `digests`: the
+    C reader's hash of each field's values over the ops (empty: none), under which columns are shared."""
 
-    def __init__(self, values: dict[str, list[Any]], groups: list[GroupInfo], digest: int = 0) -> None:
+    def __init__(self, values: dict[str, list[Any]], groups: list[GroupInfo], digests: dict[str, int] | None = None) -> None:
         self.values = values
-        self.digest = digest
+        self.digests = digests or {}
         self.count = count = len(values["process_group"])
         pgs = values["process_group"]
         self.group = [str(p[0]) if isinstance(p, (list, tuple)) and p else "nan" for p in pgs]
@@ -332,54 +332,68 @@ class _OpTemplates:
     def columns(self) -> dict[str, Any]:
         """The per-op columns of the entry table (`count` rows each).
 
-        Ranks of one role run the same ops: the columns that depend on the ops' content alone are made
-        once per reader process and shared (the same objects, so a batch also finishes them once,
-        columns.expand_batch). The digest only finds the candidate; the values themselves must be equal."""
-        key = (self.digest, tuple(self.values)) if self.digest else None
-        known = _SHARED.get(key) if key is not None else None
-        if known is not None and known[0] == self.values:
-            cols = known[1]
-        else:
-            cols = self._content_columns()
-            if key is not None:
-                if len(_SHARED) >= SHARED_MAX:
-                    _SHARED.clear()
-                _SHARED[key] = (self.values, cols)
-        return {**cols, "peer": self.peer}
+        Ranks of one role run the same ops, in groups of their own: each column that depends on some
+        fields alone (sizes and dtypes on the name and sizes, call sites on the frames) is made once per
+        reader process for equal values and shared (the same objects, so a batch also finishes them
+        once, columns.expand_batch). The C reader's digests only find the candidate; the values
+        themselves must be equal."""
+        v, n = self.values, self.count
+        payload = self._shared(PAYLOAD_FIELDS, self._payload)
+        site, stack = self._shared(("frames",), lambda: _sites(v.get("frames"), n))
+        thread = v.get("thread_name")
+        return {
+            "group": np.asarray(self.group, dtype=object),
+            "kind": self._shared(("profiling_name", "is_p2p"), lambda: np.where(self.is_p2p, "p2p", "coll").astype(object)),
+            "op": payload["op"],
+            "api": self._shared((), lambda: np.full(n, "torch_fr", dtype=object)),
+            "peer": self.peer,
+            "in_shapes": payload["in_shapes"],
+            "out_shapes": payload["out_shapes"],
+            "in_dtypes": payload["in_dtypes"],
+            "out_dtypes": payload["out_dtypes"],
+            "is_async": np.zeros(n, dtype=bool),
+            "thread": self._shared(("thread_name",), lambda: np.asarray(thread, dtype=object)) if thread is not None else None,
+            "site": site,
+            "stack": stack,
+            "source": self._shared(("source",), lambda: np.full(n, "torch_fr", dtype=object)),
+        }
 
-    def _content_columns(self) -> dict[str, Any]:
-        v = self.values
+    def _shared(self, fields: tuple[str, ...], make: Callable[[], Any]) -> Any:
+        """`make()`, or what it gave for another ring whose `fields` held equal values (same op count)."""
+        digests = self.digests
+        if not digests or not all(f in digests or f not in self.values for f in fields):
+            return make()
+        key = (fields, self.count, tuple(digests.get(f, 0) for f in fields))
+        values = tuple(self.values.get(f) for f in fields)
+        known = _SHARED.get(key)
+        if known is not None and known[0] == values:
+            return known[1]
+        made = make()
+        if len(_SHARED) >= SHARED_MAX:
+            _SHARED.clear()
+        _SHARED[key] = (values, made)
+        return made
+
+    def _payload(self) -> dict[str, Any]:
+        v, n = self.values, self.count
         op = np.asarray(self.op, dtype=object)
-        site, stack = _sites(v.get("frames"), self.count)
-        in_shapes = text_column(v.get("input_sizes", [None] * self.count))
-        out_shapes = text_column(v.get("output_sizes", [None] * self.count))
-        in_dtypes = text_column(v.get("input_dtypes", [None] * self.count), _torch_dtypes)
-        out_dtypes = text_column(v.get("output_dtypes", [None] * self.count), _torch_dtypes)
+        in_shapes = text_column(v.get("input_sizes", [None] * n))
+        out_shapes = text_column(v.get("output_sizes", [None] * n))
+        in_dtypes = text_column(v.get("input_dtypes", [None] * n), _torch_dtypes)
+        out_dtypes = text_column(v.get("output_dtypes", [None] * n), _torch_dtypes)
         # a coalesced block's closing marker (`nccl:coalesced`, fr_trace's `ALLGATHER_coalesced` with `[[]]` sizes)
         # carries no tensors of its own: its empty sizes are not a payload to compare
         marker = np.char.endswith(op.astype(str), "coalesced") & _blank(in_shapes) & _blank(out_shapes)
         if marker.any():
             in_shapes, out_shapes, in_dtypes, out_dtypes = (_drop(c, marker) for c in (in_shapes, out_shapes, in_dtypes, out_dtypes))
-        thread = v.get("thread_name")
-        return {
-            "group": np.asarray(self.group, dtype=object),
-            "kind": np.where(self.is_p2p, "p2p", "coll").astype(object),
-            "op": op,
-            "api": np.full(self.count, "torch_fr", dtype=object),
-            "in_shapes": in_shapes,
-            "out_shapes": out_shapes,
-            "in_dtypes": in_dtypes,
-            "out_dtypes": out_dtypes,
-            "is_async": np.zeros(self.count, dtype=bool),
-            "thread": np.asarray(thread, dtype=object) if thread is not None else None,
-            "site": site,
-            "stack": stack,
-            "source": np.full(self.count, "torch_fr", dtype=object),
-        }
+        return {"op": op, "in_shapes": in_shapes, "out_shapes": out_shapes, "in_dtypes": in_dtypes, "out_dtypes": out_dtypes}
 
 
-_SHARED: dict[tuple[int, tuple[str, ...]], tuple[dict[str, list[Any]], dict[str, Any]]] = {}
-SHARED_MAX = 512  # distinct op sets kept per reader process (a job has a few per pipeline stage and role)
+PAYLOAD_FIELDS = ("profiling_name", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
+
+
+_SHARED: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+SHARED_MAX = 4096  # columns kept per reader process (a job has a few op sets per pipeline stage and role)
 
 
 def _numbered(values: list[Any]) -> np.ndarray:

@@ -212,3 +212,21 @@ def test_same_foreign_verdicts_with_and_without_the_c_reader(name: str, monkeypa
     with_c = report(folder)
     monkeypatch.setattr(pickle_columns, "DISABLE", True)
     assert with_c == report(folder)
+
+
+def test_ranks_with_equal_ops_share_columns_but_never_unequal_ones(tmp_path: Path) -> None:
+    """Two TP groups running the same ops share their sizes/dtypes columns (the same objects, finished
+    once per batch); a digest match with other values (forced here) must not hand over the columns."""
+    ops = read_torch_fr.TEMPLATE_FIELDS
+    a = pickle_columns.decode(pickle.dumps(dump([record(0, process_group=("1", "tp0"))]), protocol=4), ops)
+    b = pickle_columns.decode(pickle.dumps(dump([record(0, process_group=("2", "tp1"))]), protocol=4), ops)
+    c = pickle_columns.decode(pickle.dumps(dump([record(0, process_group=("3", "tp2"), input_sizes=[[8]])]),
+                                           protocol=4), ops)
+    assert a is not None and b is not None and c is not None
+    read_torch_fr._SHARED.clear()
+    ra, rb = (read_torch_fr.parse(d, "x", 0, "pickle", lazy=True).entries.templates for d in (a, b))
+    assert ra["in_shapes"] is rb["in_shapes"] and ra["group"] is not rb["group"]
+    assert list(rb["group"]) == ["2"]
+    c["entries"].op_digests = dict(a["entries"].op_digests)  # a collision of every digest, on purpose
+    rc = read_torch_fr.parse(c, "x", 0, "pickle", lazy=True).entries.templates
+    assert rc["in_shapes"] is not ra["in_shapes"] and rc["in_shapes"].cats == ["[[8]]"]
