@@ -154,16 +154,18 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     del latest, own, starts
     group, group_names = _codes(entries["group"])
     op, op_names = _codes(entries["op"])
+    # ranks, sequence numbers and peers in 32 bits where they fit, and no duration column (the
+    # complete-and-enqueue difference, taken where it is used): at 16k ranks this table has ~30
+    # million rows and is alive at the analysis' memory peak
     return pd.DataFrame({
-        "rank": rank,
+        "rank": _int32(rank),
         "group": pd.Categorical.from_codes(group[rows], categories=group_names),
-        "seq": _gather(entries["seq"], rows),
+        "seq": _int32(_gather(entries["seq"], rows)),
         "kind": pd.Categorical.from_codes(is_p2p[rows].astype(np.int8), categories=pd.Index(["coll", "p2p"], dtype=object)),
         "op": pd.Categorical.from_codes(op[rows], categories=op_names),
-        "peer": _gather(entries["peer"], rows) if "peer" in entries.columns else np.full(len(rows), -1, dtype=np.int64),
+        "peer": _int32(_gather(entries["peer"], rows)) if "peer" in entries.columns else np.full(len(rows), -1, dtype=np.int32),
         "t_enqueue_ns": enq, "t_complete_ns": comp,
         "gap_ns": gap,
-        "duration_ns": comp - enq,
     }, copy=False)
 
 
@@ -222,7 +224,7 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
         return values if every else values[usable]
 
     is_send, is_p2p, peer = take(is_send), take(is_p2p), take(peer_all)
-    group_code = take(ops["group"].cat.codes.to_numpy()).astype("int64")
+    group_code = take(ops["group"].cat.codes.to_numpy()).astype(np.int32)  # full-length temporaries: 32 bits
     rank = take(ops["rank"].to_numpy())
     seq = take(ops["seq"].to_numpy())
     p2p = np.flatnonzero(is_p2p)  # transfers: (group, src, dst, seq), hashed over these rows only
@@ -242,10 +244,17 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
     del rank, seq  # tens of millions of rows: each temporary goes once it has served
     names = np.asarray(ops["group"].cat.categories.astype(str))
     sizes = np.array([group_sizes.get(str(g), 0) for g in names], dtype="int64")
-    members = np.bincount(instance)[instance]
-    keep = np.flatnonzero((members == np.where(is_p2p, 2, sizes[group_code] if len(sizes) else 0)) & (members >= 2))
-    del members
-    direction = np.where(is_p2p, np.where(is_send, 1, 2), 0).astype(np.int8)
+    # complete instances, judged per instance (its member count against its group's size, 2 for a
+    # transfer), so that no per-row count or size is made
+    count = np.bincount(instance)
+    required = np.zeros(len(count), dtype=np.int64)
+    if len(sizes):
+        required[instance] = sizes[group_code]
+    required[instance[p2p]] = 2
+    keep = np.flatnonzero(((count == required) & (count >= 2))[instance])
+    del count, required
+    direction = np.zeros(len(is_p2p), dtype=np.int8)
+    direction[p2p] = np.where(is_send[p2p], 1, 2)
     channel, first = _channels(group_code, direction, peer, p2p, len(names))
     labels = pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
                        f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}"
@@ -274,26 +283,35 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     ops = _blocking_ops(entries)
     rows, instance, channel, labels = _instances(ops, group_sizes) if len(ops) else (
         np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), pd.Index([], dtype=object))
-    duration, gap = ops["duration_ns"].to_numpy()[rows], ops["gap_ns"].to_numpy()[rows]
+    gap = ops["gap_ns"].to_numpy()[rows]
     # one gather, of the columns kept; ranks, sequence numbers and instances in 32 bits (a third
     # of a gigabyte less at 16k ranks: this table stays as long as the analysis)
     small = {name: _int32(ops[name].to_numpy()[rows]) for name in ("rank", "seq")}
     done = pd.DataFrame({name: small[name] if name in small else ops[name].array.take(rows)
                          for name in LATENESS_COLUMNS}, copy=False)
-    del ops, small
+    del ops, small, rows
     done["instance"] = _int32(instance)
     done["channel"] = pd.Categorical.from_codes(channel, categories=labels)  # one label per (group, direction, peer)
+    del channel
     if not len(done):
         return done.assign(late_ns=np.zeros(0, dtype="int64"), own_late_ns=np.zeros(0), gap_known=np.zeros(0, dtype=bool),
                            last=np.zeros(0, dtype=bool))
-    longest, shortest = _per_id(np.maximum, instance, duration), _per_id(np.minimum, instance, duration)
-    late = longest - duration
-    least_gap = _per_id(np.fmin, instance, gap)  # fmin: a rank's first op (gap NaN) does not hide the others'
-    excess = np.clip(gap - least_gap, 0, None)
+    # each per-row temporary is ~240 MB at 16k ranks: made after the ops table is gone, reused in place
+    duration = done["t_complete_ns"].to_numpy() - done["t_enqueue_ns"].to_numpy()
+    last = duration == _per_id(np.minimum, instance, duration)
+    late = _per_id(np.maximum, instance, duration)
+    late -= duration  # the longest wait in the instance minus the member's own
+    del duration
+    excess = _per_id(np.fmin, instance, gap)  # fmin: a rank's first op (gap NaN) does not hide the others'
+    np.subtract(gap, excess, out=excess)
+    np.clip(excess, 0, None, out=excess)
+    gap_known = ~np.isnan(gap)  # a rank's first op: start-up skew, not its own work, may explain it
+    del gap
     done["late_ns"] = late
-    done["own_late_ns"] = np.minimum(late, np.where(np.isnan(excess), np.inf, excess))
-    done["gap_known"] = ~np.isnan(gap)  # a rank's first op: start-up skew, not its own work, may explain it
-    done["last"] = duration == shortest
+    excess[np.isnan(excess)] = np.inf
+    done["own_late_ns"] = np.minimum(late, excess)
+    done["gap_known"] = gap_known
+    done["last"] = last
     return done
 
 
