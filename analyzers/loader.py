@@ -289,7 +289,7 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         raise UnusableInput(f"{where}: no readable dump ({lines})")
     notes += _version_notes(dumps)
     notes += _merge_notes(dumps)
-    entries = merge_batches(batches, dumps)
+    entries = read_torch_fr.renumber_anchored_pairs(merge_batches(batches, dumps))
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     return Dataset(folder=found[0].path if not several else where, dumps=dumps, entries=entries, problems=problems,

@@ -46,7 +46,8 @@ STATE_MAP = {"scheduled": ENQUEUED, "started": STARTED, "completed": COMPLETED}
 STATE_CATS = [ENQUEUED, STARTED, COMPLETED, "unknown"]  # one list for every rank: a batch merges it once
 UNKNOWN_STATE = STATE_CATS.index("unknown")
 REQUIRED = ("process_group", "profiling_name", "collective_seq_id", "record_id", "state")
-PAIR_ANCHOR = 1 << 20  # a pair's last completed transfer: see _pair_seq (rings hold far fewer entries)
+PAIR_ANCHOR = 1 << 20  # a pair's last completed transfer: see _pair_seq (rings hold far fewer entries; the
+# loader renumbers the pairs from 1 once every rank is read: renumber_anchored_pairs)
 NPU_DEFAULT_GROUP = "group_name_0"  # torch_npu names groups `group_name_<torch group name>`, with an empty desc
 DEFAULT_GROUP_NAMES = ("0", NPU_DEFAULT_GROUP)
 # backends fr_trace accepts as a `profiling_name` prefix; torchcomms uses the backend as the group desc
@@ -446,6 +447,33 @@ def _pair_seq(pair: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarra
     anchor = last_done[pair]
     anchored = anchor > 0
     return np.where(anchored, PAIR_ANCHOR + position - anchor, position), anchored
+
+
+def renumber_anchored_pairs(entries: pd.DataFrame) -> pd.DataFrame:
+    """The merged table with PyTorch-format transfers numbered from 1 again, per pair.
+
+    `_pair_seq` numbers a pair's transfers around PAIR_ANCHOR on each rank alone (so that both sides
+    line up however their rings wrapped); the report would show those numbers ("send, seq 1048577").
+    Once every rank is read, each pair (group, sender, receiver) is shifted by one amount on both
+    sides, so its oldest transfer either side still holds is 1: the same alignment, numbers a person
+    can read."""
+    if not len(entries) or "source" not in entries.columns:
+        return entries
+    seq = entries["seq"].to_numpy()
+    from_torch = (entries["source"] == "torch_fr").to_numpy() & (entries["kind"] == "p2p").to_numpy()
+    rows = np.flatnonzero(from_torch & (seq > PAIR_ANCHOR // 2))
+    if not len(rows):
+        return entries
+    rank, peer = entries["rank"].to_numpy()[rows], entries["peer"].to_numpy()[rows]
+    send = (entries["op"] == "send").to_numpy()[rows]
+    group = entries["group"].cat.codes.to_numpy()[rows].astype(np.int64)
+    pair = group_ids([group, np.where(send, rank, peer), np.where(send, peer, rank)])
+    lowest = np.full(int(pair.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(lowest, pair, seq[rows])
+    seq = seq.copy()
+    seq[rows] -= lowest[pair] - 1
+    entries["seq"] = seq
+    return entries
 
 
 def _cumcount(key: np.ndarray) -> np.ndarray:

@@ -40,6 +40,29 @@ def test_analyzer_names_the_injected_culprit(tmp_path: Path, fault: str, fmt: st
         assert len(report["root_causes"]) == 1
 
 
+def test_pytorch_format_transfers_numbered_from_one_per_pair(tmp_path: Path) -> None:
+    """PyTorch's format has no per-pair sequence: the reader anchors each pair at its last completed
+    transfer (around 2^20), and the loader numbers each pair from 1 again, by one shift for both
+    sides. Against flightrec's own dumps of the same job, every transfer's number differs by one
+    constant per pair (the alignment holds), and no report shows an anchor-sized number."""
+    tables = {}
+    for fmt in synth.FORMATS:
+        job = analyzers.load(synth.write_folder(tmp_path / fmt, RANKS, ENTRIES, "stall", fmt))
+        e = job.entries
+        p2p = e[e["kind"] == "p2p"]
+        tables[fmt] = p2p.assign(group=p2p["group"].astype(str), op=p2p["op"].astype(str))[
+            ["rank", "id", "group", "op", "peer", "seq"]]
+    both = tables["flightrec"].merge(tables["torch"], on=["rank", "id"], suffixes=("", "_torch"))
+    assert len(both) == len(tables["torch"]) > 100
+    assert (both["op"] == both["op_torch"]).all() and (both["peer"] == both["peer_torch"]).all()
+    sender = both["rank"].where(both["op"] == "send", both["peer"])
+    receiver = both["peer"].where(both["op"] == "send", both["rank"])
+    shift = (both["seq_torch"] - both["seq"]).groupby([both["group"], sender, receiver]).nunique()
+    assert (shift == 1).all()  # one constant per pair: both sides moved together
+    lowest = both["seq_torch"].groupby([both["group"], sender, receiver]).min()
+    assert (lowest == 1).all() and both["seq_torch"].max() < 1000
+
+
 def test_check_rejects_a_wrong_answer() -> None:
     layout = synth.Layout.of(RANKS)
     wrong = {"verdict": "hang", "root_causes": [{"rank": layout.culprit + 1, "kind": "not_entered"}]}
