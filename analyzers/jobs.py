@@ -6,16 +6,17 @@ look like members of B that never entered B's collectives, and the verdict is co
 And a rank that froze after an earlier dump (it cannot answer the later dump request) leaves that
 earlier dump behind: it is history, not the rank's current state.
 
-Job split. A flightrec dump names its job: `job_id` (TORCHELASTIC_RUN_ID, else FLIGHTREC_JOB_ID;
-null and "none" count as unknown), `world_size` (-1: unknown), `store` (MASTER_ADDR:MASTER_PORT)
-and `armed_wall_ns` (when that process's recorder was armed). Dumps that disagree on one of the
-first three are different jobs; with the same identity, the armed times sorted and cut wherever two
-consecutive ones are more than `RUN_GAP_NS` (60 s) apart give the runs (the ranks of one run arm
-within seconds; the next run of the job starts after the previous one ran). A missing field never
-splits: a dump that does not say (older schemas, PyTorch's recorder) stays with the analysed job
-(when it lacks an identity field that separates the jobs) or with the newest run of its identity
-(when it lacks only `armed_wall_ns`). The newest job (latest `armed_wall_ns`, then latest
-`dump_time_ns`) is analysed; the others are named in a warning and in the report's `jobs`.
+Job split. A flightrec dump names its job: `job_id` (TORCHELASTIC_RUN_ID, else FLIGHTREC_JOB_ID,
+else Slurm's or the MPI launch's id: docs/dump-format.md; null and "none" count as unknown),
+`world_size` (-1: unknown), `store` (MASTER_ADDR:MASTER_PORT) and `armed_wall_ns` (when that
+process's recorder was armed). Dumps that disagree on one of the first three are different jobs;
+with the same identity, the armed times sorted and cut wherever two consecutive ones are more than
+`RUN_GAP_NS` (60 s) apart give the runs (the ranks of one run arm within seconds; the next run of
+the job starts after the previous one ran). A missing field never splits: a dump that does not say
+(older schemas, PyTorch's recorder) stays with the analysed job (when it lacks an identity field
+that separates the jobs) or with the newest run of its identity (when it lacks only
+`armed_wall_ns`). The newest job (latest `armed_wall_ns`, then latest `dump_time_ns`) is analysed;
+the others are named in a warning and in the report's `jobs`.
 
 Stale dumps. Peers answering one dump request write within seconds (each polls the store once a
 second, a store call takes at most ~7 s, then the write), and every later timeout asks every live

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import compat, fastpath, log, peek, torch_fr
+from . import compat, fastpath, launchers, log, peek, torch_fr
 from .entry import Entry, to_tables
 from .progress import group_progress
 from .recorder import Recorder
@@ -31,33 +31,41 @@ FORMAT = "flightrec-dump"
 
 
 def dump_filename(rank: int, attempt: int = 0) -> str:
-    """`rank-00003.json.gz`; from torchelastic's restart attempt 1 on `rank-00003.attempt-1.json.gz`, so that
+    """`rank-00003.json.gz`; from restart attempt 1 on (restart_attempt) `rank-00003.attempt-1.json.gz`, so that
     a restarted job's dumps never replace those of the attempt that hung or failed."""
     stem = f"rank-{rank:05d}" if rank >= 0 else f"rank-unknown-{os.getpid()}"
     return f"{stem}.attempt-{attempt}.json.gz" if attempt > 0 else f"{stem}.json.gz"
 
 
+def _launch() -> launchers.Launch:
+    """The launcher's variables (launchers.py); each unusable one is said once and ignored."""
+    found = launchers.detect()
+    for problem in found.problems:
+        log.warn_once(f"launcher-{problem.split('=', 1)[0]}", f"{problem}; ignored")
+    return found
+
+
 def restart_attempt() -> int:
-    """torchelastic's restart count of this worker group (TORCHELASTIC_RESTART_COUNT; absent: 0)."""
-    raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
-    if not raw:
-        return 0
-    if raw.isdigit():
-        return int(raw)
-    log.warn_once("restart-count", f"TORCHELASTIC_RESTART_COUNT={raw!r} is not a count; dumps are written as attempt 0")
-    return 0
+    """Restarts before this run: torchrun's TORCHELASTIC_RESTART_COUNT and Slurm's SLURM_RESTART_COUNT
+    (launchers.py); 0 when neither is set."""
+    return _launch().attempt
 
 
 def process_rank() -> tuple[int, int]:
+    """(rank, world size): torch.distributed's once this process joined (kept past
+    destroy_process_group), else its launcher's variables; -1 where nothing says."""
     try:
         if dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+            launchers.remember(rank, world_size)
+            return rank, world_size
     except Exception:  # noqa: BLE001
         pass
-    try:
-        return int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1))
-    except ValueError:
-        return -1, -1
+    known = launchers.remembered()
+    if known is not None:
+        return known
+    found = _launch()
+    return (-1 if found.rank is None else found.rank), (-1 if found.world_size is None else found.world_size)
 
 
 def _store_address() -> str | None:
@@ -148,19 +156,19 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     measured = _enrich_cpp_entries(entries, fr, wall_ns - mono_ns)
     groups = rec.groups.table(referenced={e.group for e in entries})
     columns, templates = to_tables(entries, measured)
-    local_rank = os.environ.get("LOCAL_RANK")
-    node_rank = os.environ.get("GROUP_RANK")  # torchrun: this node's index among the job's nodes
+    launch = _launch()
     return {
         "format": FORMAT,
         "schema_version": SCHEMA_VERSION,
         "rank": rank,
         "world_size": world_size,
-        "local_rank": int(local_rank) if local_rank and local_rank.isdigit() else None,
-        "node_rank": int(node_rank) if node_rank and node_rank.isdigit() else None,
+        "local_rank": launch.local_rank,
+        "node_rank": launch.node_rank,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "job_id": os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("FLIGHTREC_JOB_ID"),
-        "attempt": restart_attempt(),
+        "launcher": launch.launcher,
+        "job_id": launch.job_id,
+        "attempt": launch.attempt,
         "store": _store_address(),
         "armed_wall_ns": rec.armed_wall_ns,
         "torch_version": str(torch.__version__),

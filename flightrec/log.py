@@ -9,13 +9,18 @@ import os
 import sys
 import threading
 
+from . import launchers
+
 _seen: set[str] = set()
 _lock = threading.Lock()
 errors: list[str] = []
 
 
 def _prefix() -> str:
-    rank = os.environ.get("RANK")
+    """The rank torch.distributed gave this process (remembered past destroy_process_group), else RANK.
+    Not the other launchers' variables: an agent under srun (torchrun's) has Slurm's task id there."""
+    known = launchers.remembered()
+    rank = str(known[0]) if known is not None else os.environ.get("RANK")
     return f"[flightrec rank {rank}]" if rank is not None else "[flightrec]"
 
 

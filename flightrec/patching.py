@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import fastpath, log
+from . import captured, fastpath, launchers, log
 from .groups import StreamGroupState
 from .ops import SPECS, OpSpec
 from .recorder import Recorder
@@ -199,6 +199,8 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if destroys:
+            _remember_rank()
         if destroys and rec.active:
             try:  # the last C++ ops (DDP's final all-reduce) are counted while their group can still be read
                 rec.scan_cpp_ops()
@@ -210,6 +212,8 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
             except Exception as exc:  # noqa: BLE001
                 log.warn_once("relabel", f"could not rename destroyed process groups: {exc!r}")
         result = original(*args, **kwargs)
+        if not destroys:
+            _remember_rank()
         if rec.active:
             try:
                 rec.groups.discover()
@@ -259,6 +263,7 @@ class Patcher:
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
         self.originals: list[tuple[Any, str, Any]] = []
+        self.rebound: list[tuple[Any, str, Any, Any]] = []  # captured.rebind's changes
 
     def install(self) -> None:
         wrappers: dict[str, Callable[..., Any]] = {}
@@ -281,13 +286,31 @@ class Patcher:
         if work_type is not None and not hasattr(work_type.wait, WRAPPED_MARK):
             self.originals.append((work_type, "wait", work_type.wait))
             work_type.wait = _wait_wrapper(self.rec, work_type.wait)
+        wrapper_of: dict[int, Callable[..., Any]] = {}
         for module in _MODULES:
             for name, wrapper in wrappers.items():
                 if hasattr(module, name):
-                    self.originals.append((module, name, getattr(module, name)))
+                    original = getattr(module, name)
+                    self.originals.append((module, name, original))
+                    wrapper_of[id(original)] = wrapper
                     setattr(module, name, wrapper)
+        try:  # references taken before we armed (DeepSpeed's TorchBackend): pointed at the wrappers too
+            self.rebound = captured.rebind(lambda fn: wrapper_of.get(id(fn)))
+        except Exception as exc:  # noqa: BLE001 - those calls are then seen as C++-issued ops
+            log.warn_once("captured", f"could not wrap references a library kept to torch.distributed: {exc!r}")
+        _remember_rank()
 
     def restore(self) -> None:
+        captured.restore(self.rebound)
         for module, name, original in reversed(self.originals):
             setattr(module, name, original)
         self.originals.clear()
+
+
+def _remember_rank() -> None:
+    """Keep torch.distributed's rank for dumps written after destroy_process_group (launchers.py)."""
+    try:
+        if dist.is_initialized():
+            launchers.remember(dist.get_rank(), dist.get_world_size())
+    except Exception:  # noqa: BLE001 - the launcher's variables name the dump then
+        pass

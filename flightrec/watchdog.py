@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import log, torch_fr
+from . import launchers, log, torch_fr
 from .entry import Entry, format_site
 from .group_timeouts import Limits, derive_limits, unsafe_setting, warning_text
 from .onhang import HANG_REQUEST, UNCONFIRMED_REQUEST, HangAction, peer_what
@@ -258,4 +258,5 @@ class Watchdog:
 
 
 def _rank() -> str:
-    return os.environ.get("RANK", "?")
+    rank = launchers.known_rank()
+    return "?" if rank is None else str(rank)
