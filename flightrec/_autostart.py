@@ -19,9 +19,8 @@ from typing import Any
 TARGET = "torch.distributed"
 C10D = "torch.distributed.distributed_c10d"
 # Every path that sets the default group (init_process_group, init_device_mesh, shrink_group) calls
-# this through the module global; torch releases without it get init_process_group wrapped instead.
-JOIN = "_update_default_pg"
-FALLBACK = "init_process_group"
+# `_update_default_pg` through the module global, where the hook goes; torch releases without it get
+# init_process_group wrapped instead (compat.join_hook_name).
 
 _armed = False
 _arm_lock = threading.Lock()
@@ -97,7 +96,9 @@ def _watch_joining() -> None:
             return
         if not _settings_valid():
             return
-        name = JOIN if callable(getattr(c10d, JOIN, None)) else FALLBACK
+        from . import compat  # torch is imported by now
+
+        name = compat.join_hook_name(c10d)
         original = getattr(c10d, name, None)
         if not callable(original):
             return

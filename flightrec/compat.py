@@ -55,6 +55,24 @@ def gloo_tensor_collectives() -> bool:
         return False
 
 
+def join_hook_name(c10d: Any) -> str:
+    """Where a process joins its default group, for the start-up hook to arm in: `_update_default_pg`
+    (every release from 2.0), else `init_process_group` itself."""
+    return "_update_default_pg" if callable(getattr(c10d, "_update_default_pg", None)) else "init_process_group"
+
+
+def nccl_default_timeout(c10d: Any) -> Any:
+    """NCCL's own default group timeout (10 min, `default_pg_nccl_timeout`, torch 2.2+), or None where
+    NCCL groups take c10d's general default (30 min) as on earlier releases."""
+    return getattr(c10d, "default_pg_nccl_timeout", None)
+
+
+def nccl_trace_dump() -> Any:
+    """PyTorch's separate NCCL recorder dump (`_dump_nccl_trace_json`), or None on builds without NCCL
+    or releases without it."""
+    return getattr(_c10d(), "_dump_nccl_trace_json", None)
+
+
 @functools.lru_cache(maxsize=1)
 def _has_accelerator() -> bool:
     try:

@@ -92,9 +92,9 @@ def default_timeout_s(backend: str) -> float | None:
     try:
         import torch.distributed.distributed_c10d as c10d
 
-        value = None
-        if backend == "nccl":  # torch 2.2+: NCCL's own 10 min; before, and without NCCL, c10d's 30 min
-            value = getattr(c10d, "default_pg_nccl_timeout", None)
+        from . import compat
+
+        value = compat.nccl_default_timeout(c10d) if backend == "nccl" else None  # else c10d's 30 min
         value = value or c10d.default_pg_timeout
         return float(value.total_seconds())
     except Exception:  # noqa: BLE001 - private API

@@ -104,7 +104,7 @@ def read_nccl() -> dict[str, Any] | None:
     """PyTorch's NCCL recorder (a recorder of its own, beside the one `read` reads), or None. Read only
     where its buffer is set explicitly (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE > 0): its
     default differs between releases, and dumping a disabled recorder aborts the process."""
-    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace_json", None)
+    dump = compat.nccl_trace_dump()
     if dump is None:
         return None
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
