@@ -6,11 +6,13 @@
  * own C++ recorder at ~2 us. This file does exactly what `patching._leaf_wrapper` and
  * `Recorder.compile`'s `begin`/`finish` do for the common case, writing the same Entry,
  * GroupState and ThreadState slots (found by their member descriptors, so the Python classes stay
- * the single definition of the layout). Any call it does not handle (a tensor that is not on the
- * CPU, a batch or coalescing block, a group seen for the first time, a C++-issued op to record, a
- * receive from any source, a value it cannot read) goes to the Python wrapper, the reference,
- * before anything is changed; per-entry stacks are never handled here. The module is optional: without a compiler the
- * package is pure Python and records the same entries.
+ * the single definition of the layout). Device ops (NCCL, HCCL: `patching._call_on_device`) are
+ * handled too: forced async, the Work followed and polled, calling into Python only for the device
+ * events (`DeviceTiming.before` / `waited`). Any call it does not handle (CPU tensors of a group whose
+ * Works complete after their wait, a batch or coalescing block, a group seen for the first time, a
+ * C++-issued op to record, a receive from any source, a value it cannot read) goes to the Python
+ * wrapper, the reference, before anything is changed; per-entry stacks are never handled here. The
+ * module is optional: without a compiler the package is pure Python and records the same entries.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -310,6 +312,8 @@ static ThreadLayout T;
 /* constants shared by every wrapper */
 static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu, *s_startswith;
 static PyObject *s_python, *s_cpu, *s_empty;
+static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_wait, *s_get_future, *s_add_done_callback,
+    *s_value, *s_async_op, *s_done, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
@@ -403,10 +407,13 @@ typedef struct {
     PyObject *by_work, *work_type, *async_slot;
     PyObject *finish, *seq_after, *record_failure, *on_finish_error, *site_cache, *skip_prefixes;
     PyObject *async_apis, *api_name, *op_name, *kind;
+    /* device ops (NCCL, HCCL): patching._call_on_device's common case */
+    PyObject *stream_group_type, *polled, *wait_failed, *device_failed, *device_tail;
+    PyObject *forced_from, *forced_kwnames; /* the last kwnames given and the same plus "async_op" */
     PyObject *names[NPARAMS], *defaults[NPARAMS];
     Py_ssize_t positions[NPARAMS];
-    Py_ssize_t capacity, site_cache_limit, trust_after, recheck_every;
-    int is_coll, is_send, always_async, has_endpoint, enabled;
+    Py_ssize_t capacity, site_cache_limit, trust_after, recheck_every, async_position;
+    int is_coll, is_send, always_async, has_endpoint, has_async, enabled;
     /* one-entry caches for the common case of one training thread calling from one place */
     uint64_t tls_id;      /* PyThreadState_GetID of tls_state: unique per thread state, never reused */
     PyObject *tls_state;  /* that thread's ThreadState */
@@ -423,8 +430,9 @@ typedef struct {
 #define LEAF_OBJECTS(X) \
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
     X(tensor_type) X(by_work) X(work_type) X(async_slot) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
-    X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(tls_state) X(site_code) X(site) \
-    X(last_pair) X(last_meta) X(step_group) X(step_api)
+    X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(stream_group_type) X(polled) X(wait_failed) \
+    X(device_failed) X(device_tail) X(tls_state) X(site_code) X(site) X(last_pair) X(last_meta) X(step_group) \
+    X(step_api) X(forced_from) X(forced_kwnames)
 
 static inline long long as_ll(PyObject *value, int *ok)
 {
@@ -456,35 +464,66 @@ static inline PyObject *untracked(PyObject *tuple)
     return tuple;
 }
 
-/* (shape, dtype) of a CPU tensor (new ref), or NULL with no error set when it is not one. The shape
- * is kept as torch.Size for a lone tensor and as a tuple for a list item, as the Python path does. */
-static PyObject *shape_and_dtype(Leaf *self, PyObject *tensor, int shape_as_tuple)
+/* The device type of a tensor that is not on the CPU (`tensor.device.type`, interned), new ref; NULL: unreadable.
+ * `is_cuda` first: `device.type` makes a device object and a string per call (~0.25 us). */
+static PyObject *device_type_of(PyObject *tensor)
+{
+    PyObject *is_cuda = PyObject_GetAttr(tensor, s_is_cuda);
+    Py_XDECREF(is_cuda);
+    if (is_cuda == Py_True) {
+        Py_INCREF(s_cuda);
+        return s_cuda;
+    }
+    PyErr_Clear();
+    PyObject *device = PyObject_GetAttr(tensor, s_device);
+    PyObject *type = device ? PyObject_GetAttr(device, s_type) : NULL;
+    Py_XDECREF(device);
+    if (type != NULL && !PyUnicode_CheckExact(type)) Py_CLEAR(type);
+    if (type != NULL) PyUnicode_InternInPlace(&type); /* "cuda" made once, not a new string per op */
+    PyErr_Clear();
+    return type;
+}
+
+/* (shape, dtype) of a tensor (new ref), or NULL with no error set when it is not one. The shape is
+ * kept as torch.Size for a lone tensor and as a tuple for a list item, as the Python path does. A
+ * tensor on a device (NCCL, HCCL) sets *device to its device type (new ref), read through torch's
+ * getters (the torch reader reads CPU tensors only). */
+static PyObject *shape_and_dtype(Leaf *self, PyObject *tensor, int shape_as_tuple, PyObject **device)
 {
     PyObject *pair = NULL, *shape = NULL, *dtype = NULL;
     if (peek != NULL) {
         int read = peek->cpu_meta(tensor, shape_as_tuple, &pair);
-        if (read >= 0) return read ? pair : NULL;
+        if (read > 0) return pair;
+        if (read == 0) goto on_device;
     }
     if (!PyObject_TypeCheck(tensor, (PyTypeObject *)self->tensor_type)) return NULL;
     PyObject *is_cpu = PyObject_GetAttr(tensor, s_is_cpu);
     if (is_cpu == NULL) goto done;
     Py_DECREF(is_cpu);
-    if (is_cpu != Py_True || (shape = PyObject_GetAttr(tensor, s_shape)) == NULL) goto done;
+    if (is_cpu == Py_False) goto on_device;
+    if (is_cpu != Py_True) goto done;
+    goto read;
+on_device:
+    if ((*device = device_type_of(tensor)) == NULL) goto done;
+read:
+    if ((shape = PyObject_GetAttr(tensor, s_shape)) == NULL) goto done;
     if (shape_as_tuple) Py_SETREF(shape, untracked(PySequence_Tuple(shape)));
     if (shape != NULL && (dtype = PyObject_GetAttr(tensor, s_dtype)) != NULL) pair = untracked(PyTuple_Pack(2, shape, dtype));
 done:
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
+    if (pair == NULL && *device != NULL) Py_CLEAR(*device);
     PyErr_Clear();
     return pair;
 }
 
-/* Shape and dtype of a CPU tensor, or of a flat list of them, as the Python path keeps them:
- * 1 = described into *out (new ref), 0 = not the common case (Python path). */
-static int describe(Leaf *self, PyObject *value, PyObject **out)
+/* Shape and dtype of a tensor, or of a flat list of them, as the Python path keeps them:
+ * 1 = described into *out (new ref), 0 = not the common case (Python path). When the tensor (of a
+ * list: its first, as `recorder._describe` looks) is not on the CPU, *device is its device type (new ref). */
+static int describe(Leaf *self, PyObject *value, PyObject **out, PyObject **device)
 {
     if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) {
-        PyObject *pair = shape_and_dtype(self, value, 0);
+        PyObject *pair = shape_and_dtype(self, value, 0, device);
         if (pair != NULL && pair == self->last_pair) {
             *out = self->last_meta;
             Py_INCREF(*out);
@@ -505,7 +544,9 @@ static int describe(Leaf *self, PyObject *value, PyObject **out)
     PyObject **items = PySequence_Fast_ITEMS(value);
     PyObject *meta = untracked(PyTuple_New(n)); /* filled with (shape, dtype) pairs only */
     for (Py_ssize_t i = 0; meta != NULL && i < n; i++) {
-        PyObject *pair = shape_and_dtype(self, items[i], 1);
+        PyObject *other = NULL; /* only the first tensor's device names the op's */
+        PyObject *pair = shape_and_dtype(self, items[i], 1, i == 0 ? device : &other);
+        Py_XDECREF(other);
         if (pair == NULL) Py_CLEAR(meta);
         else PyTuple_SET_ITEM(meta, i, pair);
     }
@@ -650,16 +691,29 @@ static int trusted_step(Leaf *self, PyObject *group, PyObject *api, long long *s
     return 1;
 }
 
-/* Recorder.finish for a CPU call that returned None (blocking: complete now) or a Work (async:
- * Recorder.watch_work's CPU case, completed by Work.wait or the watchdog's poll). A C-path op is in
- * no table while it runs: its thread's ThreadState.in_leaf holds it (Recorder.in_flight). */
-static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long record_id, long long seq_before,
-                       PyObject *work)
+/* The group's backend counter, read through the torch reader when it is one (-2: not read) */
+static long long read_counter(PyObject *group, int *ok)
+{
+    PyObject *read_seq = GR(group)->read_seq;
+    long long seq = peek != NULL && read_seq != NULL ? peek->read_seq(read_seq) : -2;
+    if (seq == -2) { /* not the torch reader's: call it */
+        PyObject *seq_obj = read_seq ? PyObject_CallNoArgs(read_seq) : NULL;
+        seq = as_ll(seq_obj, ok);
+        Py_XDECREF(seq_obj);
+    }
+    return seq;
+}
+
+/* Recorder.finish's first half: the counter after the call (Recorder._seq_after: read, or predicted
+ * once learned) and the group no longer busy. */
+static void settle_seq(Leaf *self, PyObject *entry, PyObject *group, long long record_id, long long seq_before)
 {
     int ok = 1;
     long long seq_after = -1, step;
     if (seq_before >= 0 && record_id % self->recheck_every && trusted_step(self, group, EN(entry)->api, &step)) {
         seq_after = seq_before + step;
+    } else if (seq_before < 0) { /* no counter before the call: _seq_after reads it, learning nothing */
+        seq_after = read_counter(group, &ok);
     } else {
         PyObject *read = PyObject_CallFunctionObjArgs(self->seq_after, entry, group, NULL); /* learns the step */
         seq_after = as_ll(read, &ok);
@@ -674,6 +728,16 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long r
         if (seq_after > GR(group)->last_pg_seq) GR(group)->last_pg_seq = seq_after;
     }
     GR(group)->busy--;
+    PyErr_Clear();
+}
+
+/* Recorder.finish for a CPU call that returned None (blocking: complete now) or a Work (async:
+ * Recorder.watch_work's CPU case, completed by Work.wait or the watchdog's poll). A C-path op is in
+ * no table while it runs: its thread's ThreadState.in_leaf holds it (Recorder.in_flight). */
+static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long record_id, long long seq_before,
+                       PyObject *work)
+{
+    settle_seq(self, entry, group, record_id, seq_before);
     if (work == Py_None) {
         EN(entry)->t_complete_ns = monotonic_ns();
         EN(entry)->state = COMPLETED;
@@ -703,6 +767,190 @@ static PyObject *thread_state(PyObject *local, uint64_t *cached_id, PyObject **c
     Py_XSETREF(*cached, tls); /* keeps it alive, and this thread's for the next call */
     *cached_id = thread_id;
     return tls;
+}
+
+/* ------------------------------------------------------------------ device ops */
+
+/* A device op's future callback (Recorder._on_device_future without a Python frame or a partial per
+ * op): only an error is news, told to `failed(entry, exception)`; its success comes when the op was
+ * queued, before the device ran it. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *entry, *failed;
+} FutureWatch;
+
+#define WATCH_OBJECTS(X) X(entry) X(failed)
+STORAGE_FUNCTIONS(future_watch, FutureWatch, WATCH_OBJECTS)
+
+static PyObject *future_watch_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    FutureWatch *self = (FutureWatch *)self_;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a future callback takes the future");
+        return NULL;
+    }
+    PyObject *value = PyObject_CallMethodNoArgs(args[0], s_value);
+    if (value != NULL) {
+        Py_DECREF(value);
+        Py_RETURN_NONE;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* a KeyboardInterrupt: not the op's */
+    PyObject *type, *exc, *traceback;
+    PyErr_Fetch(&type, &exc, &traceback);
+    PyErr_NormalizeException(&type, &exc, &traceback);
+    if (traceback != NULL && exc != NULL) PyException_SetTraceback(exc, traceback);
+    PyObject *told = PyObject_CallFunctionObjArgs(self->failed, self->entry, exc ? exc : Py_None, NULL);
+    Py_XDECREF(told);
+    PyErr_Clear(); /* `failed` warns of its own errors */
+    Py_XDECREF(type);
+    Py_XDECREF(exc);
+    Py_XDECREF(traceback);
+    Py_RETURN_NONE;
+}
+
+static PyObject *future_watch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *entry, *failed;
+    if (!PyArg_ParseTuple(args, "OO", &entry, &failed)) return NULL;
+    FutureWatch *self = future_watch_alloc(type);
+    if (self == NULL) return NULL;
+    Py_INCREF(entry);
+    Py_SETREF(self->entry, entry);
+    Py_INCREF(failed);
+    Py_SETREF(self->failed, failed);
+    self->vectorcall = future_watch_call;
+    return (PyObject *)self;
+}
+
+static PyMemberDef future_watch_members[] = {
+    {"entry", T_OBJECT, offsetof(FutureWatch, entry), READONLY, "the op's Entry"},
+    {NULL},
+};
+
+static PyTypeObject FutureWatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flightrec._fastpath.FutureWatch",
+    .tp_basicsize = sizeof(FutureWatch),
+    .tp_dealloc = (destructor)future_watch_dealloc,
+    .tp_vectorcall_offset = offsetof(FutureWatch, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "FutureWatch(entry, failed): a device op's future callback; failed(entry, exc) when the future raised.",
+    .tp_traverse = (traverseproc)future_watch_traverse,
+    .tp_clear = (inquiry)future_watch_clear,
+    .tp_members = future_watch_members,
+    .tp_new = future_watch_new,
+};
+
+#define FORCED_MAX 24 /* arguments a forced-async call may have (positional and keyword) */
+
+/* The arguments of a blocking device call issued async (patching._force_async): `async_op` set to
+ * True where it was given, or added as a keyword. 0 = *out filled, -1 = Python path. */
+static int force_async(Leaf *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out,
+                       PyObject **out_kwnames)
+{
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw + 1 > FORCED_MAX) return -1;
+    memcpy(out, args, (size_t)(nargs + nkw) * sizeof(PyObject *));
+    *out_kwnames = kwnames;
+    if (self->async_position >= 0 && self->async_position < nargs) {
+        out[self->async_position] = Py_True;
+        return 0;
+    }
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        if (str_equal(PyTuple_GET_ITEM(kwnames, k), s_async_op)) {
+            out[nargs + k] = Py_True;
+            return 0;
+        }
+    }
+    PyObject *from = kwnames != NULL ? kwnames : Py_None;
+    if (from != self->forced_from || self->forced_kwnames == NULL) { /* kwnames are mostly the caller's constants */
+        PyObject *forced = PyTuple_New(nkw + 1);
+        if (forced == NULL) return -1;
+        for (Py_ssize_t k = 0; k < nkw; k++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+            Py_INCREF(name);
+            PyTuple_SET_ITEM(forced, k, name);
+        }
+        Py_INCREF(s_async_op);
+        PyTuple_SET_ITEM(forced, nkw, s_async_op);
+        Py_INCREF(from); /* held, so its address is not reused by another tuple */
+        Py_XSETREF(self->forced_from, from);
+        Py_XSETREF(self->forced_kwnames, forced);
+    }
+    out[nargs + nkw] = Py_True;
+    *out_kwnames = self->forced_kwnames;
+    return 0;
+}
+
+/* Recorder.watch_work's device case: the Work kept on the entry, the entry polled by the watchdog
+ * (Work.is_completed) and, for an async op, found by its Work.wait; its future's error marks it failed. */
+static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocking)
+{
+    set_slot(entry, E_(work), work);
+    PyObject *id = PyLong_FromLongLong(EN(entry)->id);
+    if (id == NULL || PyDict_SetItem(self->polled, id, entry) < 0) PyErr_Clear();
+    Py_XDECREF(id);
+    if (!blocking) { /* its wait (Work.wait) places the end event */
+        PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
+        if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
+        Py_XDECREF(key);
+    }
+    PyObject *future = PyObject_CallMethodNoArgs(work, s_get_future);
+    PyObject *watch = future ? PyObject_CallFunctionObjArgs((PyObject *)&FutureWatchType, entry, self->device_failed, NULL)
+                             : NULL;
+    PyObject *done = watch ? PyObject_CallMethodNoArgs(future, s_done) : NULL;
+    PyObject *told = NULL;
+    if (done == Py_True) /* NCCL's is, once the op is queued: the callback would run now, without its wrapping */
+        told = PyObject_CallOneArg(watch, future);
+    else if (done != NULL)
+        told = PyObject_CallMethodOneArg(future, s_add_done_callback, watch);
+    Py_XDECREF(told);
+    Py_XDECREF(done);
+    Py_XDECREF(watch);
+    Py_XDECREF(future);
+    PyErr_Clear(); /* no future (some backends): polled only */
+}
+
+/* patching._call_on_device after the call, for the C hot path's device op (`result` stolen). The
+ * common case, a Work not captured into a graph, is done here; the rest goes to `device_tail`, its
+ * Python copy. The thread's in_leaf holds the entry until the op is filed where the watchdog looks
+ * (`polled`); a blocking op's wait then runs outside it, as in the Python path. */
+static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObject *group, long long record_id,
+                               long long seq_before, PyObject *result, PyObject *timing, int captured, int blocking)
+{
+    if (result == NULL) {
+        set_slot(tls, T.in_leaf, Py_False);
+        notify_raised(self->record_failure, entry, group);
+        return NULL;
+    }
+    if (captured || !PyObject_TypeCheck(result, (PyTypeObject *)self->work_type)) {
+        set_slot(tls, T.in_leaf, Py_False);
+        PyObject *out = PyObject_CallFunctionObjArgs(self->device_tail, entry, group, result,
+                                                     captured ? Py_True : Py_False, blocking ? Py_True : Py_False, NULL);
+        Py_DECREF(result);
+        return out;
+    }
+    settle_seq(self, entry, group, record_id, seq_before);
+    watch_device(self, entry, result, blocking);
+    set_slot(tls, T.in_leaf, Py_False);
+    if (!blocking) return result; /* its end is timed when the training code waits on its Work */
+    /* the current stream now waits for the op (its host call returns at once); a blocking op is not
+     * in by_work, so its wait is not timed twice */
+    PyObject *waited = PyObject_CallMethodNoArgs(result, s_wait);
+    if (waited == NULL) { /* told as the Work.wait wrapper tells it (unless its future already failed it) */
+        notify_raised(self->wait_failed, entry, result);
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(waited);
+    /* the end event, with no second capture check: no capture can have begun since the call */
+    waited = PyObject_CallMethodObjArgs(timing, s_waited, entry, Py_False, NULL);
+    Py_XDECREF(waited);
+    PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
+    Py_DECREF(result);
+    Py_RETURN_NONE;
 }
 
 static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -742,12 +990,18 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
         if (pg == NULL) { PyErr_Clear(); return call_slow(self, args, nargsf, kwnames); }
     }
     PyObject *group = PyDict_GetItemWithError(self->by_pg, pg);
-    if (group == NULL || Py_TYPE(group) != group_type) {
+    if (group == NULL || (Py_TYPE(group) != group_type && Py_TYPE(group) != (PyTypeObject *)self->stream_group_type)) {
         PyErr_Clear();
         return call_slow(self, args, nargsf, kwnames); /* unseen group, or not a member */
     }
     Py_INCREF(group); /* the reads below may run Python code (a property, a thread switch) */
     PyObject *inputs = NULL, *outputs = NULL;
+    PyObject *device = NULL, *out_device = NULL, *timing = NULL; /* a device op's device type, and its DeviceTiming */
+    PyObject *forced[FORCED_MAX];
+    PyObject *const *call_args = args;
+    size_t call_nargsf = nargsf;
+    PyObject *call_kwnames = kwnames;
+    int blocking = 0;
     long long end = -1;
     if (self->has_endpoint && !endpoint(v[5], v[6], group, self->is_coll, &end)) goto slow;
     if (!self->is_coll && end < 0) goto slow; /* a receive from any source */
@@ -756,29 +1010,43 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
     int is_async = 0;
     if (self->always_async && (is_async = PySet_Contains(self->async_apis, api)) < 0) goto slow;
     if (!is_async && v[3] != Py_None && (is_async = PyObject_IsTrue(v[3])) < 0) goto slow;
-    if (v[1] != Py_None && !describe(self, v[1], &inputs)) goto slow;
+    if (v[1] != Py_None && !describe(self, v[1], &inputs, &device)) goto slow;
     if (v[2] != Py_None) {
         if (v[2] == v[1]) {
             outputs = inputs;
             Py_XINCREF(outputs);
-        } else if (!describe(self, v[2], &outputs)) {
+        } else if (!describe(self, v[2], &outputs, &out_device)) {
             goto slow;
         }
     }
-    int ok = 1;
-    PyObject *read_seq = GR(group)->read_seq;
-    long long seq_before = peek != NULL && read_seq != NULL ? peek->read_seq(read_seq) : -2;
-    if (seq_before == -2) { /* not the torch reader's: call it */
-        PyObject *seq_obj = read_seq ? PyObject_CallNoArgs(read_seq) : NULL;
-        seq_before = as_ll(seq_obj, &ok);
-        Py_XDECREF(seq_obj);
+    if (out_device != NULL) { /* recorder._describe: the outputs' device, described last, names the op's */
+        Py_XSETREF(device, out_device);
+        out_device = NULL;
     }
+    if (device != NULL) { /* a device op (patching._call_on_device): forced async, timed with events */
+        timing = PyDict_GetItemWithError(self->rec_dict, s_device_timing); /* replaceable: read per call */
+        if (timing == NULL) goto slow;
+        Py_INCREF(timing);
+        blocking = !is_async && self->has_async;
+        if (blocking) {
+            if (force_async(self, args, nargs, kwnames, forced, &call_kwnames) < 0) goto slow;
+            call_args = forced;
+            call_nargsf = (size_t)nargs;
+        }
+    } else if (Py_TYPE(group) != group_type) {
+        goto slow; /* CPU tensors of a group whose Works complete after their wait: the Python path */
+    }
+    int ok = 1;
+    long long seq_before = read_counter(group, &ok);
     if (!ok || seq_before > GR(group)->last_pg_seq) goto slow; /* C++-issued ops to record first: the Python path does */
     goto record;
 slow:
     PyErr_Clear();
     Py_XDECREF(inputs);
     Py_XDECREF(outputs);
+    Py_XDECREF(device);
+    Py_XDECREF(out_device);
+    Py_XDECREF(timing);
     Py_DECREF(group);
     return call_slow(self, args, nargsf, kwnames);
 
@@ -805,7 +1073,6 @@ record:;
         e->state = STARTED;
         set_slot(entry, E_(error), Py_None);
         set_slot(entry, E_(stack), Py_None);
-        set_slot(entry, E_(device), s_cpu);
     } else {
         PyObject *rid = PyLong_FromLongLong(record_id);
         entry = rid ? PyObject_CallFunctionObjArgs((PyObject *)entry_type, rid, GR(group)->name, self->kind,
@@ -817,11 +1084,14 @@ record:;
             GR(group)->busy--;
             Py_XDECREF(inputs);
             Py_XDECREF(outputs);
+            Py_XDECREF(device);
+            Py_XDECREF(timing);
             Py_DECREF(group);
             PyErr_Clear();
             return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
         }
     }
+    set_slot(entry, E_(device), device != NULL ? device : s_cpu);
     EntryObject *e = EN(entry);
     if (self->is_coll) {
         e->seq = ++GR(group)->coll_seq;
@@ -855,6 +1125,19 @@ record:;
 
     /* ---- the call: the watchdog finds the op through its thread's in_leaf (Recorder.in_flight) */
     set_slot(tls, T.in_leaf, entry);
+    if (timing != NULL) { /* a start event on the current stream, unless it is being captured into a graph */
+        PyObject *said = PyObject_CallMethodOneArg(timing, s_before, entry);
+        int captured = said != NULL && PyObject_IsTrue(said) == 1;
+        Py_XDECREF(said);
+        PyErr_Clear(); /* DeviceTiming.before warns of its own errors */
+        PyObject *result = PyObject_Vectorcall(self->original, call_args, call_nargsf, call_kwnames);
+        result = finish_device(self, tls, entry, group, record_id, seq_before, result, timing, captured, blocking);
+        Py_DECREF(timing);
+        Py_DECREF(device);
+        Py_DECREF(group);
+        Py_DECREF(entry);
+        return result;
+    }
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     set_slot(tls, T.in_leaf, Py_False);
     if (result == NULL) {
@@ -947,7 +1230,8 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
     }
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &config)) return -1;
 #define TAKE(field) if (strcmp(#field, "dict") && strcmp(#field, "tls_state") && strcmp(#field, "site_code") \
-                         && strcmp(#field, "site") && strncmp(#field, "last_", 5) && strncmp(#field, "step_", 5) && take(config, #field, &self->field) < 0) return -1;
+                         && strcmp(#field, "site") && strncmp(#field, "last_", 5) && strncmp(#field, "step_", 5) \
+                         && strncmp(#field, "forced_", 7) && take(config, #field, &self->field) < 0) return -1;
     LEAF_OBJECTS(TAKE)
 #undef TAKE
     Py_ssize_t flag;
@@ -962,11 +1246,17 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
     self->always_async = (int)flag;
     if (take_int(config, "has_endpoint", &flag) < 0) return -1;
     self->has_endpoint = (int)flag;
+    if (take_int(config, "has_async", &flag) < 0) return -1;
+    self->has_async = (int)flag;
+    if (take_int(config, "async_position", &self->async_position) < 0) return -1;
     if (self->capacity < 1 || self->recheck_every < 1 || !PyList_CheckExact(self->slots)
         || PyList_GET_SIZE(self->slots) != self->capacity || !PyDict_CheckExact(self->by_pg)
         || !PyDict_CheckExact(self->pending) || !PyDict_CheckExact(self->site_cache) || !PyType_Check(self->tensor_type)
         || !PyDict_CheckExact(self->by_work) || !PyType_Check(self->work_type) || !Py_IS_TYPE(self->async_slot, &AsyncSlotType)
-        || !PyDict_CheckExact(self->rec_dict) || !PyDict_CheckExact(self->world_dict) || !Py_IS_TYPE(self->ids, &CounterType)) {
+        || !PyDict_CheckExact(self->rec_dict) || !PyDict_CheckExact(self->world_dict) || !Py_IS_TYPE(self->ids, &CounterType)
+        || !PyDict_CheckExact(self->polled) || !PyType_Check(self->stream_group_type)
+        || !PyType_IsSubtype((PyTypeObject *)self->stream_group_type, group_type)
+        || ((PyTypeObject *)self->stream_group_type)->tp_basicsize != group_type->tp_basicsize) {
         PyErr_SetString(PyExc_TypeError, "Leaf config has the wrong types");
         return -1;
     }
@@ -1034,7 +1324,8 @@ static PyTypeObject LeafType = {
 
 /* Work.wait, wrapped: every wait of every Work passes here (PyTorch's own blocking collectives
  * wait on theirs), so the common cases cost no Python frame: a Work we do not follow, and the
- * completion of one we do. A failed wait, or a receive from any source, goes to the Python wrapper.
+ * completion of one we do, and the end event of a device op. A receive from any source goes to the
+ * Python wrapper.
  *
  * The completion's bookkeeping is done before the wait blocks, while the caches are warm: the entry
  * leaves by_work and lets go of its Work, and for the watchdog its thread's in_leaf holds it while it
@@ -1044,13 +1335,14 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *original, *slow, *by_work, *pending, *wait_failed, *local, *async_slot;
+    PyObject *original, *slow, *by_work, *pending, *wait_failed, *local, *async_slot, *rec_dict;
     uint64_t tls_id;     /* as in Leaf: this thread's ThreadState, looked up once per thread */
     PyObject *tls_state;
     int enabled;
 } Wait;
 
-#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(wait_failed) X(local) X(async_slot) X(tls_state)
+#define WAIT_OBJECTS(X) X(dict) X(original) X(slow) X(by_work) X(pending) X(wait_failed) X(local) X(async_slot) \
+    X(rec_dict) X(tls_state)
 
 static void drop(PyObject *dict, PyObject *key)
 {
@@ -1081,9 +1373,29 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
     PyObject *tls = thread_state(self->local, &self->tls_id, &self->tls_state);
     if (tls == NULL || Py_TYPE(entry) != entry_type || EN(entry)->work != work || !PyUnicode_Check(EN(entry)->kind))
         goto slow;
-    /* a device op (NCCL, HCCL): its wait only makes the current stream wait; the Python wrapper times it */
-    if (!PyUnicode_Check(EN(entry)->device) || PyUnicode_CompareWithASCIIString(EN(entry)->device, "cpu") != 0)
-        goto slow;
+    if (!PyUnicode_Check(EN(entry)->device)) goto slow;
+    if (PyUnicode_CompareWithASCIIString(EN(entry)->device, "cpu") != 0) {
+        /* a device op (NCCL, HCCL): its wait only makes the current stream wait for it; the end event
+         * goes there (Recorder.device_waited: DeviceTiming.waited, then out of by_work); its Work,
+         * polled, completes it */
+        PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        if (result == NULL) {
+            notify_raised(self->wait_failed, entry, work);
+        } else {
+            PyObject *timing = PyDict_GetItemWithError(self->rec_dict, s_device_timing);
+            Py_XINCREF(timing);
+            PyObject *done = timing ? PyObject_CallMethodOneArg(timing, s_waited, entry) : NULL;
+            Py_XDECREF(done);
+            Py_XDECREF(timing);
+            PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
+            if (key == NULL) key = PyLong_FromVoidPtr(work); /* the slot holds CPU ops only */
+            if (key == NULL || PyDict_GET_SIZE(self->by_work) == 0 || PyDict_DelItem(self->by_work, key) < 0)
+                PyErr_Clear(); /* its future, or the watchdog's poll of `polled`, completes it */
+        }
+        Py_DECREF(entry);
+        Py_XDECREF(key);
+        return result;
+    }
     PyObject *kind = EN(entry)->kind; /* "coll" or "p2p": the length tells them apart */
     if (PyUnicode_GET_LENGTH(kind) == 3 && PyUnicode_CompareWithASCIIString(kind, "p2p") == 0 && EN(entry)->peer < 0)
         goto slow;
@@ -1166,7 +1478,8 @@ static int wait_init(Wait *self, PyObject *args, PyObject *kwargs)
         return -1;
     WAIT_OBJECTS(TAKE)
 #undef TAKE
-    if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending) || !Py_IS_TYPE(self->async_slot, &AsyncSlotType)) {
+    if (!PyDict_CheckExact(self->by_work) || !PyDict_CheckExact(self->pending) || !Py_IS_TYPE(self->async_slot, &AsyncSlotType)
+        || !PyDict_CheckExact(self->rec_dict)) {
         PyErr_SetString(PyExc_TypeError, "Wait config has the wrong types");
         return -1;
     }
@@ -1224,11 +1537,16 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_active, "active") INTERN(s_state, "state") INTERN(s_default_pg, "_default_pg")
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu") INTERN(s_startswith, "startswith")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
+    INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_before, "before")
+    INTERN(s_waited, "waited") INTERN(s_wait, "wait") INTERN(s_get_future, "get_future")
+    INTERN(s_add_done_callback, "add_done_callback") INTERN(s_value, "value") INTERN(s_async_op, "async_op")
+    INTERN(s_done, "done") INTERN(s_is_cuda, "is_cuda") INTERN(s_cuda, "cuda")
     for (int i = 0; i < N_STATES; i++) INTERN(STATE_NAMES[i], STATE_TEXT[i])
     if ((empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&EntryBaseType) < 0
-        || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&AsyncSlotType) < 0)
+        || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&AsyncSlotType) < 0
+        || PyType_Ready(&FutureWatchType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
@@ -1238,12 +1556,14 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     Py_INCREF(&CounterType);
     Py_INCREF(&GroupBaseType);
     Py_INCREF(&AsyncSlotType);
+    Py_INCREF(&FutureWatchType);
     if (PyModule_AddObject(module, "Leaf", (PyObject *)&LeafType) < 0
         || PyModule_AddObject(module, "Wait", (PyObject *)&WaitType) < 0
         || PyModule_AddObject(module, "EntryBase", (PyObject *)&EntryBaseType) < 0
         || PyModule_AddObject(module, "Counter", (PyObject *)&CounterType) < 0
         || PyModule_AddObject(module, "GroupBase", (PyObject *)&GroupBaseType) < 0
         || PyModule_AddObject(module, "AsyncSlot", (PyObject *)&AsyncSlotType) < 0
+        || PyModule_AddObject(module, "FutureWatch", (PyObject *)&FutureWatchType) < 0
         || PyModule_AddIntConstant(module, "SUPPORTED", FASTPATH_SUPPORTED) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -35,6 +35,7 @@ class TimingEvent(Protocol):
 
 
 EventFactory = Callable[[str], TimingEvent]
+_UNRESOLVED: Any = object()  # a device type whose capture query is not looked up yet
 
 
 def torch_event_factory(device_type: str) -> TimingEvent:
@@ -43,17 +44,29 @@ def torch_event_factory(device_type: str) -> TimingEvent:
     return torch.Event(device=device_type, enable_timing=True)  # type: ignore[return-value]
 
 
-def torch_capturing(device_type: str) -> bool:
-    """Whether the current stream of `device_type` is being captured into a graph (CUDA; torch_npu's
-    `torch.npu` when it offers the same call)."""
+def torch_capture_check(device_type: str) -> Callable[[], bool] | None:
+    """The call that says whether the current stream of `device_type` is being captured into a graph
+    (`torch.cuda.is_current_stream_capturing`; torch_npu's `torch.npu` when it offers the same call),
+    or None when that device has none here (a CPU build of torch, `meta`): nothing can be capturing.
+
+    Why resolved once per device type: looking it up per op cost ~1-2 µs (`torch.meta` is a miss
+    through torch's module `__getattr__`, `torch.cuda.is_available()` ~0.8 µs); the query itself must
+    still run on every op, as a capture can begin between any two calls."""
     import torch
 
-    module = getattr(torch, device_type, None)
+    module = getattr(torch, device_type, None) if device_type.isidentifier() else None
     check = getattr(module, "is_current_stream_capturing", None)
     available = getattr(module, "is_available", None)
     if check is None or (available is not None and not available()):
-        return False  # no such device here (a CPU build of torch): nothing can be capturing
-    return bool(check())
+        return None
+    return check  # type: ignore[no-any-return]
+
+
+def torch_capturing(device_type: str) -> bool:
+    """Whether the current stream of `device_type` is being captured into a graph (resolved per call:
+    `DeviceTiming` resolves the check once per device type instead)."""
+    check = torch_capture_check(device_type)
+    return check is not None and bool(check())
 
 
 class DeviceTiming:
@@ -65,17 +78,28 @@ class DeviceTiming:
         self._factory = factory
         self._clock = clock
         self._capturing = capturing
+        # device type -> its capture query (None: that device cannot capture), resolved at its first op
+        self._capture_checks: dict[str, Callable[[], bool] | None] = {}
         self._pools: dict[str, list[TimingEvent]] = {}
         self._anchors: dict[str, tuple[TimingEvent, int]] = {}
-        self._open: dict[int, tuple[Entry, str, TimingEvent, TimingEvent | None]] = {}
+        # entry id -> [entry, device, start event, end event or None]: the end is set in place
+        self._open: dict[int, list[Any]] = {}
         self._pool_limit = pool_limit
         self._open_limit = open_limit
         self.disabled = False
         self.captured = 0  # device ops issued inside a graph capture: not timed
 
-    def _event(self, device: str) -> TimingEvent:
-        pool = self._pools.get(device)
-        return pool.pop() if pool else self._factory(device)
+    def _capture_check(self, device: str) -> Callable[[], bool] | None:
+        """`device`'s capture query, looked up at its first op (the hot path reads `_capture_checks`)."""
+        check = self._capture_checks.get(device, _UNRESOLVED)
+        if check is _UNRESOLVED:
+            if self._capturing is torch_capturing:
+                check = torch_capture_check(device)
+            else:  # an injected query (tests): asked on every op, as given
+                capturing = self._capturing
+                check = lambda: capturing(device)  # noqa: E731
+            self._capture_checks[device] = check
+        return check  # type: ignore[return-value]
 
     def _anchor(self, device: str) -> tuple[TimingEvent, int]:
         """An event whose host time is known: device times are measured from it."""
@@ -90,10 +114,14 @@ class DeviceTiming:
     def before(self, entry: Entry) -> bool:
         """The op is about to be issued: a start event on the current stream. True when the current
         stream is being captured into a graph: then nothing is recorded (the op runs at each replay)."""
-        if entry.device == "cpu":
+        device = entry.device
+        if device == "cpu":
             return False  # an op of a late-completing backend on CPU tensors: no device to time
         try:
-            if self._capturing(entry.device):
+            check = self._capture_checks.get(device, _UNRESOLVED)
+            if check is _UNRESOLVED:
+                check = self._capture_check(device)
+            if check is not None and check():
                 self.captured += 1
                 return True
         except Exception as exc:  # noqa: BLE001 - cannot tell: never touch the stream
@@ -103,13 +131,14 @@ class DeviceTiming:
         if self.disabled:
             return False
         try:
-            device = entry.device
             if len(self._open) >= self._open_limit:
                 return False  # the watchdog is not keeping up (or no device progress): time fewer ops, never grow
-            self._anchor(device)
-            start = self._event(device)
+            if device not in self._anchors:
+                self._anchor(device)
+            pool = self._pools.get(device)
+            start = pool.pop() if pool else self._factory(device)
             start.record()
-            self._open[entry.id] = (entry, device, start, None)
+            self._open[entry.id] = [entry, device, start, None]
         except Exception as exc:  # noqa: BLE001 - no device events here: host times only
             self.disabled = True
             log.warn_once("device-events", f"device timing unavailable ({exc!r}); recording host times only")
@@ -123,11 +152,17 @@ class DeviceTiming:
         if opened is None or opened[3] is not None:
             return
         try:
-            if since_issue and self._capturing(opened[1]):
-                return  # a capture began since: the start alone is read
-            end = self._event(opened[1])
+            device = opened[1]
+            if since_issue:
+                check = self._capture_checks.get(device, _UNRESOLVED)
+                if check is _UNRESOLVED:
+                    check = self._capture_check(device)
+                if check is not None and check():
+                    return  # a capture began since: the start alone is read
+            pool = self._pools.get(device)
+            end = pool.pop() if pool else self._factory(device)
             end.record()
-            self._open[entry.id] = (opened[0], opened[1], opened[2], end)
+            opened[3] = end
         except Exception as exc:  # noqa: BLE001
             log.warn_once("device-events-end", f"device timing failed ({exc!r})")
 

@@ -17,7 +17,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import log, peek, storage
 from .entry import Entry
-from .groups import GroupState
+from .groups import GroupState, StreamGroupState
 from .ops import OpSpec
 from .recorder import _ASYNC_APIS, RECHECK_EVERY, TRUST_AFTER, Recorder, ThreadState
 from .stacks import _SKIP, _SKIP_BY_CODE, _SKIP_CACHE_LIMIT
@@ -81,6 +81,9 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
     def on_finish_error(exc: BaseException) -> None:
         log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
 
+    def device_tail(entry: Entry, group: GroupState, result: Any, captured: bool, blocking: bool) -> Any:
+        return _device_tail(rec, spec, entry, group, result, captured, blocking)
+
     config = {
         "original": original, "slow": slow, "rec_dict": vars(rec), "local": rec.local, "by_pg": rec.groups.by_pg,
         "pending": rec.pending, "by_work": rec.by_work, "work_type": c10d.Work, "async_slot": rec.async_slot,
@@ -93,8 +96,45 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
         "is_coll": int(spec.kind == "coll"), "is_send": int(spec.direction == "send"),
         "always_async": int(spec.is_async_api), "has_endpoint": int(bool(spec.root or spec.peer)),
         "params": params,
+        "stream_group_type": StreamGroupState, "polled": rec.polled, "wait_failed": _wait_failed(rec),
+        "device_failed": rec.device_failed, "device_tail": device_tail,
+        "has_async": int("async_op" in spec.positions), "async_position": spec.positions.get("async_op", -1),
     }
     return _build(_fastpath.Leaf, config, slow, spec.api)
+
+
+def _device_tail(rec: Recorder, spec: OpSpec, entry: Entry, group: GroupState, result: Any, captured: bool,
+                 blocking: bool) -> Any:
+    """A device op of the C hot path after its call, where it is not the common case (captured into a
+    graph, or no Work returned): what `patching._call_on_device` does after the call."""
+    try:  # a captured op ran nothing now (it runs at each replay): done, never awaited by the watchdog
+        rec.finish(entry, group, None if captured else result)
+    except Exception as exc:  # noqa: BLE001
+        log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
+    if captured:
+        if blocking and result is not None:
+            result.wait()  # inside the capture: a stream wait, captured like the op
+        return None if blocking else result
+    if blocking or result is None:
+        if result is not None:
+            result.wait()  # the current stream now waits for the op (its host returns at once)
+        try:
+            rec.device_timing.waited(entry, since_issue=False)  # so the end event marks the op's end
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once("device-waited", f"could not time a device op: {exc!r}")
+        return None if blocking else result
+    return result  # an async op: its end is timed when the training code waits on its Work
+
+
+def _wait_failed(rec: Recorder) -> Callable[[Entry, Any, BaseException], None]:
+    """What a failed `Work.wait` of a followed op does (the Python wrapper's `except` branch)."""
+    def wait_failed(entry: Entry, work: Any, exc: BaseException) -> None:
+        try:
+            if entry.work is work:
+                rec.report_failure(entry, exc)
+        except Exception as inner:  # noqa: BLE001
+            log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
+    return wait_failed
 
 
 def wait(rec: Recorder, original: Callable[..., Any], slow: Callable[..., Any]) -> Callable[..., Any]:
@@ -102,16 +142,9 @@ def wait(rec: Recorder, original: Callable[..., Any], slow: Callable[..., Any]) 
     completions of the ones we do in C; `slow` itself when not available."""
     if not available():
         return slow
-
-    def wait_failed(entry: Entry, work: Any, exc: BaseException) -> None:
-        try:
-            if entry.work is work:
-                rec.report_failure(entry, exc)
-        except Exception as inner:  # noqa: BLE001
-            log.warn_once("wait-fail", f"could not record a failed wait: {inner!r}")
-
     config = {"original": original, "slow": slow, "by_work": rec.by_work, "pending": rec.pending,
-              "wait_failed": wait_failed, "local": rec.local, "async_slot": rec.async_slot}
+              "wait_failed": _wait_failed(rec), "local": rec.local, "async_slot": rec.async_slot,
+              "rec_dict": vars(rec)}
     return _build(_fastpath.Wait, config, slow, "Work.wait")
 
 

@@ -296,21 +296,29 @@ class Recorder:
             callback = self._on_future_done
         try:
             future = work.get_future()
-            future.add_done_callback(partial(callback, entry))
+            if future.done():  # NCCL's is, once the op is queued: the callback runs now, as it would inline
+                callback(entry, future)
+            else:
+                future.add_done_callback(partial(callback, entry))
         except Exception:  # noqa: BLE001 - some backends have no futures: polled instead
             self.polled[entry.id] = entry
 
     def _on_device_future(self, entry: Entry, future: Any) -> None:
-        """A device op's future: only its error is news (its success comes before the device ran it)."""
+        """A device op's future: only its error is news (its success comes before the device ran it).
+        The C hot path's ops have `_fastpath.FutureWatch` do this instead, without a frame."""
         try:
             future.value()
         except Exception as exc:  # noqa: BLE001 - the op failed
-            try:
-                self.mark_failed(entry, exc)
-                if self.on_failure is not None:
-                    self.on_failure(entry, False)
-            except Exception as inner:  # noqa: BLE001
-                log.warn_once("device-future", f"could not record a failed device op: {inner!r}")
+            self.device_failed(entry, exc)
+
+    def device_failed(self, entry: Entry, exc: BaseException) -> None:
+        """A device op's future raised: the op failed."""
+        try:
+            self.mark_failed(entry, exc)
+            if self.on_failure is not None:
+                self.on_failure(entry, False)
+        except Exception as inner:  # noqa: BLE001
+            log.warn_once("device-future", f"could not record a failed device op: {inner!r}")
 
     def device_waited(self, entry: Entry, work: Any) -> None:
         """The training code waited on a device op's Work: its host call returns at once, the current
