@@ -7,6 +7,7 @@ small folders stay on a serial fast path (thresholds measured, see `PARALLEL_MIN
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -141,12 +142,19 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
     batches = [names[i:i + size] for i in range(0, len(names), size)]
     shared = SharedMembers()
     out = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=reuse_freed_memory) as pool:
-        for names_read, batch in zip(batches, pool.map(read_batch, batches), strict=True):
-            for n, result in zip(names_read, batch.results, strict=True):
-                _named(shared(result), n, full_names)
-            out.append(batch)
-            tick(len(batch.results))
+    paused = gc.isenabled()
+    if paused:  # each batch unpickles ~10^4 containers: collections would rescan every earlier batch's
+        gc.disable()
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=reuse_freed_memory) as pool:
+            for names_read, batch in zip(batches, pool.map(read_batch, batches), strict=True):
+                for n, result in zip(names_read, batch.results, strict=True):
+                    _named(shared(result), n, full_names)
+                out.append(batch)
+                tick(len(batch.results))
+    finally:
+        if paused:
+            gc.enable()
     return out
 
 
@@ -176,7 +184,7 @@ def merge_batches(batches: list[Batch], chosen: dict[int, RankDump]) -> pd.DataF
     ranks = table["rank"]
     if len(ranks) > 1 and bool((ranks[1:] < ranks[:-1]).any()):
         table = take_rows(table, np.argsort(ranks, kind="stable"))  # files not named in rank order
-    return to_frame(table)
+    return to_frame(read_torch_fr.renumber_anchored_pairs(table))
 
 
 class SharedMembers:
@@ -289,7 +297,7 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         raise UnusableInput(f"{where}: no readable dump ({lines})")
     notes += _version_notes(dumps)
     notes += _merge_notes(dumps)
-    entries = read_torch_fr.renumber_anchored_pairs(merge_batches(batches, dumps))
+    entries = merge_batches(batches, dumps)
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     return Dataset(folder=found[0].path if not several else where, dumps=dumps, entries=entries, problems=problems,

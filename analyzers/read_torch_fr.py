@@ -449,31 +449,40 @@ def _pair_seq(pair: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.where(anchored, PAIR_ANCHOR + position - anchor, position), anchored
 
 
-def renumber_anchored_pairs(entries: pd.DataFrame) -> pd.DataFrame:
-    """The merged table with PyTorch-format transfers numbered from 1 again, per pair.
+def renumber_anchored_pairs(table: dict[str, Any]) -> dict[str, Any]:
+    """The merged columns (before they become the entry table) with PyTorch-format transfers numbered
+    from 1 again, per pair; `seq` is changed in place.
 
     `_pair_seq` numbers a pair's transfers around PAIR_ANCHOR on each rank alone (so that both sides
     line up however their rings wrapped); the report would show those numbers ("send, seq 1048577").
     Once every rank is read, each pair (group, sender, receiver) is shifted by one amount on both
     sides, so its oldest transfer either side still holds is 1: the same alignment, numbers a person
     can read."""
-    if not len(entries) or "source" not in entries.columns:
-        return entries
-    seq = entries["seq"].to_numpy()
-    from_torch = (entries["source"] == "torch_fr").to_numpy() & (entries["kind"] == "p2p").to_numpy()
-    rows = np.flatnonzero(from_torch & (seq > PAIR_ANCHOR // 2))
+    seq = table.get("seq")
+    if not isinstance(seq, np.ndarray) or not len(seq):
+        return table
+
+    def equals(name: str, value: str) -> np.ndarray | None:
+        column = table.get(name)
+        if not isinstance(column, Coded) or value not in column.cats:
+            return None
+        return column.codes == column.cats.index(value)
+
+    from_torch, p2p = equals("source", "torch_fr"), equals("kind", "p2p")
+    if from_torch is None or p2p is None:
+        return table
+    rows = np.flatnonzero(from_torch & p2p & (seq > PAIR_ANCHOR // 2))
     if not len(rows):
-        return entries
-    rank, peer = entries["rank"].to_numpy()[rows], entries["peer"].to_numpy()[rows]
-    send = (entries["op"] == "send").to_numpy()[rows]
-    group = entries["group"].cat.codes.to_numpy()[rows].astype(np.int64)
+        return table
+    rank, peer = table["rank"][rows], table["peer"][rows]
+    sends = equals("op", "send")
+    send = sends[rows] if sends is not None else np.zeros(len(rows), dtype=bool)
+    group = table["group"].codes[rows].astype(np.int64)
     pair = group_ids([group, np.where(send, rank, peer), np.where(send, peer, rank)])
     lowest = np.full(int(pair.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(lowest, pair, seq[rows])
-    seq = seq.copy()
     seq[rows] -= lowest[pair] - 1
-    entries["seq"] = seq
-    return entries
+    return table
 
 
 def _cumcount(key: np.ndarray) -> np.ndarray:
