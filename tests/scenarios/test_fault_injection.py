@@ -76,3 +76,16 @@ def test_readme_demo_names_the_stalled_rank(tmp_path: Path) -> None:
     # the stalled rank's stack and the waiters' place read like a traceback, with their source lines
     assert "    File \"" in out.stdout and "      time.sleep(3600)" in out.stdout
     assert "ranks 0-1, 3 -> rank 2 in all_reduce #4 of group 0 (default_pg), at train.py:109 in main: dist.all_reduce(grad)" in out.stdout
+
+
+def test_torn_down_crash_is_accepted_only_with_its_evidence() -> None:
+    """A crash whose survivors torchrun stopped before they saw it may be named by the missing dump,
+    but only when every survivor was terminated by a signal and nothing else failed."""
+    scenario = SCENARIOS["ddp_crash"]
+    report = {"verdict": "hang", "root_causes": [{"rank": 3, "kind": "missing_dump"}], "cycles": [], "mismatches": [],
+              "failures": [{"rank": r, "kind": "terminated"} for r in (0, 1, 2)]}
+    assert check(scenario, report, [0, 1, 2]) == []
+    report["failures"][1] = {"rank": 1, "kind": "peer_lost"}
+    assert check(scenario, report, [0, 1, 2])  # a survivor saw something: the crash must be named
+    report["failures"] = [{"rank": r, "kind": "terminated"} for r in (0, 1)]
+    assert check(scenario, report, [0, 1, 2])  # rank 2 was not stopped by the launcher
