@@ -82,7 +82,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
         log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
 
     def device_tail(entry: Entry, group: GroupState, result: Any, captured: bool, blocking: bool) -> Any:
-        return _device_tail(rec, spec, entry, group, result, captured, blocking)
+        return device_op_tail(rec, spec, entry, group, result, captured, blocking)
 
     config = {
         "original": original, "slow": slow, "rec_dict": vars(rec), "local": rec.local, "by_pg": rec.groups.by_pg,
@@ -103,10 +103,10 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
     return _build(_fastpath.Leaf, config, slow, spec.api)
 
 
-def _device_tail(rec: Recorder, spec: OpSpec, entry: Entry, group: GroupState, result: Any, captured: bool,
-                 blocking: bool) -> Any:
-    """A device op of the C hot path after its call, where it is not the common case (captured into a
-    graph, or no Work returned): what `patching._call_on_device` does after the call."""
+def device_op_tail(rec: Recorder, spec: OpSpec, entry: Entry, group: GroupState, result: Any, captured: bool,
+                   blocking: bool) -> Any:
+    """A device op after its call: the Python wrapper's way (`patching._call_on_device`), and the C hot
+    path's where it is not the common case (captured into a graph, or no Work returned)."""
     try:  # a captured op ran nothing now (it runs at each replay): done, never awaited by the watchdog
         rec.finish(entry, group, None if captured else result)
     except Exception as exc:  # noqa: BLE001

@@ -86,23 +86,7 @@ def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], c
         _record_failure(rec, ctx, exc)
         raise
     tls.in_leaf = False
-    try:  # a captured op ran nothing now (it runs at each replay): done, never awaited by the watchdog
-        rec.finish(entry, ctx[1], None if captured else result)
-    except Exception as exc:  # noqa: BLE001
-        log.warn_once(f"finish-{spec.api}", f"could not complete {spec.api}: {exc!r}")
-    if captured:
-        if blocking and result is not None:
-            result.wait()  # inside the capture: a stream wait, captured like the op
-        return None if blocking else result
-    if blocking or result is None:
-        if result is not None:
-            result.wait()  # the current stream now waits for the op (its host returns at once)
-        try:
-            rec.device_timing.waited(entry, since_issue=False)  # so the end event marks the op's end
-        except Exception as exc:  # noqa: BLE001
-            log.warn_once("device-waited", f"could not time a device op: {exc!r}")
-        return None if blocking else result
-    return result  # an async op: its end is timed when the training code waits on its Work
+    return fastpath.device_op_tail(rec, spec, entry, ctx[1], result, captured, blocking)
 
 
 def _record_failure(rec: Recorder, ctx: tuple[Any, Any], exc: BaseException) -> None:
