@@ -251,20 +251,13 @@ static int32_t run(const unsigned char *p, size_t n) {
             OK(collect(K_TUPLE, vm.sp - k));
             break;
         }
-        case 'a': {  /* APPEND */
-            ABOVE_MARK(2);
-            int32_t lst = vm.stack[vm.sp - 2];
-            if (vm.nodes[lst].kind != K_LIST) return NO_NODE;
-            OK(add_kids(lst, vm.sp - 1, vm.sp));
-            vm.sp--;
-            break;
-        }
-        case 's': {  /* SETITEM */
-            ABOVE_MARK(3);
-            int32_t d = vm.stack[vm.sp - 3];
-            if (vm.nodes[d].kind != K_DICT) return NO_NODE;
-            OK(add_kids(d, vm.sp - 2, vm.sp));
-            vm.sp -= 2;
+        case 'a': case 's': {  /* APPEND (one item), SETITEM (a key and a value): onto the item below them */
+            size_t k = op == 'a' ? 1 : 2;
+            ABOVE_MARK(k + 1);
+            int32_t c = vm.stack[vm.sp - k - 1];
+            if (vm.nodes[c].kind != (op == 'a' ? K_LIST : K_DICT)) return NO_NODE;
+            OK(add_kids(c, vm.sp - k, vm.sp));
+            vm.sp -= k;
             break;
         }
         case 'e': case 'u': {  /* APPENDS, SETITEMS: onto the item below the mark */

@@ -8,7 +8,8 @@ and returns None for anything else, so the restricted Python unpickler stays the
 decides every file the C decoder declines, and explains what is wrong with it.
 
 The columns behave as read-only sequences (what the Python path's per-field tuples are), so code
-written for those still works; read_torch_fr takes the fast routes (`ints`, `codes`) where it can.
+written for those still works; read_torch_fr reads their arrays directly where it can (a
+ScalarColumn's values and missing mask, a CodedColumn's codes, the op codes).
 """
 
 from __future__ import annotations

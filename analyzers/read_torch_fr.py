@@ -342,11 +342,12 @@ class _OpTemplates:
         payload = self._shared(PAYLOAD_FIELDS, self._payload)
         site, stack = self._shared(("frames",), lambda: _sites(v.get("frames"), n))
         thread = v.get("thread_name")
+        from_torch_fr = self._shared((), lambda: np.full(n, "torch_fr", dtype=object))  # the api and the source
         return {
             "group": np.asarray(self.group, dtype=object),
             "kind": self._shared(("profiling_name", "is_p2p"), lambda: np.where(self.is_p2p, "p2p", "coll").astype(object)),
             "op": payload["op"],
-            "api": self._shared((), lambda: np.full(n, "torch_fr", dtype=object)),
+            "api": from_torch_fr,
             "peer": self.peer,
             "in_shapes": payload["in_shapes"],
             "out_shapes": payload["out_shapes"],
@@ -356,7 +357,7 @@ class _OpTemplates:
             "thread": self._shared(("thread_name",), lambda: np.asarray(thread, dtype=object)) if thread is not None else None,
             "site": site,
             "stack": stack,
-            "source": self._shared(("source",), lambda: np.full(n, "torch_fr", dtype=object)),
+            "source": from_torch_fr,
         }
 
     def _shared(self, fields: tuple[str, ...], make: Callable[[], Any]) -> Any:
