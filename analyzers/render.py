@@ -65,7 +65,7 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
             lines += ["", f"other root causes ({len(rest)}):"]
             lines += [f"  rank {c['rank']}: {_cause_phrase(c)}" for c in rest[:DEFAULT_OTHER_CAUSES]]
             if len(rest) > DEFAULT_OTHER_CAUSES:
-                lines.append(f"  ... {plural(len(rest) - DEFAULT_OTHER_CAUSES, 'more')} (-v lists them)")
+                lines.append(f"  ... {len(rest) - DEFAULT_OTHER_CAUSES} more (-v lists them)")
     chain = _waiting_lines(report, graph, verbose)
     if chain:
         lines += ["", "waiting ranks (waiters -> awaited, where the waiters are):"] + chain
@@ -302,7 +302,7 @@ def _gap_lines(gaps: list[str], verbose: bool) -> list[str]:
         text = text if verbose else _short_rank_prefix(text)
         out.append(f"  - {text if verbose or len(text) <= GAP_WIDTH else text[:GAP_WIDTH - 3] + '...'}")
     if len(grouped) > len(shown):
-        out.append(f"  ... {plural(len(grouped) - len(shown), 'more')} (-v prints every gap in full)")
+        out.append(f"  ... {len(grouped) - len(shown)} more (-v prints every gap in full)")
     return out
 
 

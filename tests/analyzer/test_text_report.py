@@ -54,3 +54,11 @@ def test_rank_lists_stay_one_phrase_at_any_size() -> None:
     assert rank_text([r for r in range(3, 1024, 8) if r != 515]) == "127 ranks: every 8th from 3 to 1019, except 515"
     scattered = [1, 5, 9, *range(100, 2000, 100)]
     assert rank_text(scattered).startswith(f"{len(scattered)} ranks: 1, 5, 9, 100")
+
+
+def test_gaps_left_out_are_counted_in_plain_words() -> None:
+    """A real PyTorch gloo dump folder has more gaps than the default shows: '... 4 more', not '4 mores'."""
+    folder = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "torch_fr_gloo"
+    output = CliRunner().invoke(analyze_command, [str(folder), "-q"]).output
+    left = [line for line in output.splitlines() if line.strip().startswith("...") and "(-v" in line]
+    assert left and all(" more (-v " in line for line in left), output
