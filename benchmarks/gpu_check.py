@@ -1,6 +1,10 @@
 """The device path on a real GPU, in one run of under ~6 minutes (issue 24): run it whenever a GPU is lent.
 
-    python benchmarks/gpu_check.py --out DIR      # JSON results in DIR/gpu_check.json, exit 1 if a check failed
+    python benchmarks/gpu_check.py --build --out DIR   # JSON results in DIR/gpu_check.json, exit 1 if a check failed
+
+`--build` first compiles the C hot path and the torch reader in the checked-out tree for this Python and
+torch (a device machine's Python is rarely the one the tree was built with), so the device ops take the
+path an installed flightrec takes; the `nccl` check says which path took them.
 
 Checks, each in its own bounded subprocess:
 - `nccl`: world size 1 on NCCL: a blocking all_reduce queued behind ~1 s of device work returns at once
@@ -8,6 +12,7 @@ Checks, each in its own bounded subprocess:
   that cover the wait; an async all_reduce's end is timed where the current stream waits for it; the
   watchdog writes a `timeout` dump for an op the device has not run; a CUDA-graph capture and replay of
   an all_reduce with the recorder on works as without it, and the captured op is counted, not awaited.
+- `nccl_python`: the same with `FLIGHTREC_FASTPATH=0` (the Python wrapper, the reference path).
 - `gloo_cuda`: a 3-rank gloo job on CUDA tensors sharing the one GPU (NCCL refuses two ranks on one
   device) where rank 1 stalls: every rank dumps, device times are there and ordered, and the analysis
   names rank 1.
@@ -45,6 +50,28 @@ torch.cuda.set_device(dev)
 x = torch.ones(1 << 20, device=dev)
 dist.all_reduce(x)  # warm-up: communicator set-up
 torch.cuda.synchronize()
+
+# which path took the device ops: the C hot path, or the Python wrapper (FLIGHTREC_FASTPATH=0)
+from flightrec import fastpath, patching, peek
+python_calls = [0]
+def count(frame, event, arg):
+    if event == "call" and frame.f_code is patching._call_on_device.__code__:
+        python_calls[0] += 1
+sys.setprofile(count)
+for _ in range(20):
+    dist.all_reduce(x)
+    dist.all_reduce(x, async_op=True).wait()
+sys.setprofile(None)
+torch.cuda.synchronize()
+c_path = fastpath.available()
+deadline = time.monotonic() + 5
+while rec.polled and time.monotonic() < deadline:
+    time.sleep(0.05)  # the watchdog completes them, polling the stream's newest Work first
+in_order = sorted(str(k) for k, v in rec._in_order_groups.items() if v)
+results["paths"] = {"c_hot_path": c_path, "torch_reader": peek.load() is not None,
+                    "python_wrapper_device_calls": python_calls[0], "in_order_polling": in_order,
+                    "left_polled": len(rec.polled),
+                    "ok": python_calls[0] == (0 if c_path else 40) and bool(in_order) and not rec.polled}
 
 def last():
     return [e for e in rec.entries() if e.device == "cuda"][-1]
@@ -200,8 +227,8 @@ def _result(text: str) -> dict | None:
     return None
 
 
-def check_nccl(out: Path, env: dict[str, str]) -> dict:
-    work = out / "nccl"
+def check_nccl(out: Path, env: dict[str, str], name: str = "nccl") -> dict:
+    work = out / name
     work.mkdir(parents=True, exist_ok=True)
     rc, text, took = _run([sys.executable, "-c", NCCL_CHECK, str(work)], env, 180)
     got = _result(text) or {"error": text[-3000:]}
@@ -214,6 +241,36 @@ def check_nccl(out: Path, env: dict[str, str]) -> dict:
     got.update(rc=rc, seconds=round(took, 1))
     parts = [v for k, v in got.items() if isinstance(v, dict) and "ok" in v]
     got["ok"] = rc == 0 and bool(parts) and all(p["ok"] for p in parts)
+    return got
+
+
+def check_nccl_python(out: Path, env: dict[str, str]) -> dict:
+    """The same checks with the C hot path switched off: the Python wrapper is the reference."""
+    return check_nccl(out, {**env, "FLIGHTREC_FASTPATH": "0"}, "nccl_python")
+
+
+def build_in_place(out: Path) -> dict:
+    """Compile the C parts for this Python and torch in the checked-out tree (what `pip install` and
+    `flightrec build-ext` do), so the checks run the C hot path and the torch reader as a real install
+    would; a build that fails leaves the Python paths, and the result says so."""
+    import shlex
+    import shutil
+    import sysconfig
+
+    got: dict = {}
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    for source, folder in (("flightrec/_fastpath.c", "flightrec"), ("analyzers/_pickle_columns.c", "analyzers")):
+        if not compiler or shutil.which(compiler[0]) is None:
+            got[source] = f"no C compiler {compiler[:1]}"
+            continue
+        target = ROOT / folder / (Path(source).stem + suffix)
+        rc, text, took = _run([*compiler, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+                               str(ROOT / source), "-o", str(target)], dict(os.environ), 300)
+        got[source] = "built" if rc == 0 else f"failed: {text[-1500:]}"
+    rc, text, took = _run([sys.executable, "-m", "flightrec", "build-ext"], {**os.environ, "PYTHONPATH": str(ROOT)}, 400)
+    got["build-ext"] = text.strip().splitlines()[-1:] if rc == 0 else f"failed ({rc}): {text[-1500:]}"
+    got["seconds"] = round(took, 1)
     return got
 
 
@@ -260,7 +317,9 @@ def check_overhead(out: Path, env: dict[str, str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="results folder (default: a temporary one)")
-    parser.add_argument("--only", default="nccl,gloo_cuda,overhead", help="comma-separated checks to run")
+    parser.add_argument("--only", default="nccl,nccl_python,gloo_cuda,overhead", help="comma-separated checks to run")
+    parser.add_argument("--build", action="store_true",
+                        help="first compile the C hot path, the pickle reader and the torch reader in place")
     a = parser.parse_args()
     out = Path(a.out or tempfile.mkdtemp(prefix="gpu-check-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -272,9 +331,13 @@ def main() -> int:
     if not torch.cuda.is_available():
         print(f"no CUDA device (torch {torch.__version__}): nothing to check here", file=sys.stderr)
         return 2
-    env = _env(_hook(out / "hook"))
-    checks = {"nccl": check_nccl, "gloo_cuda": check_gloo_cuda, "overhead": check_overhead}
     results: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
+    if a.build:
+        results["build"] = build_in_place(out)
+        print(f"build: {results['build']}", flush=True)
+    env = _env(_hook(out / "hook"))
+    checks = {"nccl": check_nccl, "nccl_python": check_nccl_python, "gloo_cuda": check_gloo_cuda,
+              "overhead": check_overhead}
     for name in a.only.split(","):
         start = time.monotonic()
         try:
@@ -284,7 +347,7 @@ def main() -> int:
         print(f"{name}: {'ok' if results[name].get('ok') else 'FAILED'} ({time.monotonic() - start:.0f} s)", flush=True)
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
     print(json.dumps(results, indent=1, default=str)[:20000])
-    return 0 if all(r.get("ok") for r in results.values() if isinstance(r, dict)) else 1
+    return 0 if all(results[name].get("ok") for name in a.only.split(",")) else 1
 
 
 if __name__ == "__main__":

@@ -132,8 +132,9 @@ def _arm(dump_dir: str) -> Any:
 def _recorder_checks(rec: Any, device: str) -> dict[str, Any]:
     """What the recorder made of the run: device ops timed, nothing billed as a C++ op."""
     deadline = time.monotonic() + 5.0
-    while rec.device_timing.pending and time.monotonic() < deadline:
-        time.sleep(0.05)  # the watchdog resolves the events (never resolved from here: one resolver)
+    while rec.polled and time.monotonic() < deadline:
+        time.sleep(0.05)  # the watchdog completes the ops
+    rec.device_timing.resolve()  # events are read when a dump reads them: as one would here
     entries = rec.ring.snapshot()
     on_device = [e for e in entries if e.device == device]
     from flightrec import fastpath
@@ -228,7 +229,10 @@ def cuda_child(flightrec_on: bool, torch_fr_on: bool, store: str, blocks: int, c
             raise RuntimeError(f"{out['checks']['cpp_ops']} baseline calls were recorded as C++ collectives")
     if torch_fr_on:  # never read with it off: that aborts the process (flightrec/torch_fr.py)
         try:
-            dumped = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True))
+            from flightrec import compat  # NCCL's own recorder where this torch has one, else the generic one
+
+            dump = compat.nccl_trace_dump() or torch._C._distributed_c10d._dump_fr_trace_json
+            dumped = json.loads(dump(includeCollectives=True))
             out["torch_fr_entries"] = len(dumped.get("entries") or [])
         except Exception as exc:  # noqa: BLE001 - an older torch: say so, the timing stands
             out["torch_fr_entries"] = f"unreadable: {exc!r}"[:200]

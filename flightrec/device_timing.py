@@ -10,15 +10,20 @@ an async call returns would mark nothing: the current stream does not wait for t
 An op nobody waits on gets a start time only.
 
 Events are torch's device-generic `torch.Event` (CUDA and, with torch_npu, Ascend). The training
-thread only records them; the watchdog asks `query()` (non-blocking) and converts them to the host's
-monotonic clock through an anchor event whose host time is known. Events come from a pool and go
-back to it once read, so steady state allocates nothing. Inside a CUDA-graph capture nothing is
+thread only records them. They are read (`query()`, non-blocking, then converted to the host's
+monotonic clock through an anchor event whose host time is known) only when a dump needs them: an
+op's events stay with it while it is in the ring, and go back to the pool unread once the ring has
+dropped it (`recycle`, each watchdog tick), so steady state allocates nothing and reads nothing.
+Why not read every op as it completes: on an H200 that cost the watchdog ~9 µs per op with the GIL
+held (a query and two `elapsed_time` calls, ~4 µs of them device calls), more than all the rest of
+the recorder's work per op (docs/overhead.md). Inside a CUDA-graph capture nothing is
 recorded, queried or synchronized (it would break or alter the capture): those ops are counted
 (`captured`) and have no device times.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -74,7 +79,7 @@ class DeviceTiming:
 
     def __init__(self, factory: EventFactory = torch_event_factory, clock: Callable[[], int] = time.monotonic_ns,
                  pool_limit: int = 4096, capturing: Callable[[str], bool] = torch_capturing,
-                 open_limit: int = 65536) -> None:
+                 open_limit: int = 65536, keep_unread: int = 8192) -> None:
         self._factory = factory
         self._clock = clock
         self._capturing = capturing
@@ -86,6 +91,10 @@ class DeviceTiming:
         self._open: dict[int, list[Any]] = {}
         self._pool_limit = pool_limit
         self._open_limit = open_limit
+        self._keep_unread = keep_unread  # past this many open records (a ring larger than it), the oldest are read
+        # recycle (the watchdog) and resolve (a dump, on any thread) never run at once: an event given
+        # back twice would time two ops. The training thread's before/waited take no lock.
+        self._reading = threading.Lock()
         self.disabled = False
         self.captured = 0  # device ops issued inside a graph capture: not timed
 
@@ -166,11 +175,46 @@ class DeviceTiming:
         except Exception as exc:  # noqa: BLE001
             log.warn_once("device-events-end", f"device timing failed ({exc!r})")
 
+    def recycle(self, oldest_kept: int) -> int:
+        """Watchdog side, each tick: the events of ops the ring has dropped (id below `oldest_kept`, or
+        their entry reused for a newer op) go back to the pool unread: no dump can show those times.
+        Beyond `keep_unread` open records the oldest are read now, so a very large ring keeps its
+        events bounded. Returns how many records were recycled."""
+        with self._reading:
+            dropped = 0
+            for record_id, record in list(self._open.items()):  # a copy: training threads add records meanwhile
+                if record_id >= oldest_kept and record[0].id == record_id:
+                    break  # ids are issued in order: everything after this one is in the ring too
+                if self._open.pop(record_id, None) is not None:
+                    self._give_back(record[1], record[2], record[3])
+                    dropped += 1
+            surplus = len(self._open) - self._keep_unread
+            if surplus > 0:
+                self._resolve(surplus)
+        return dropped
+
+    def _give_back(self, device: str, start: TimingEvent, end: TimingEvent | None) -> None:
+        pool = self._pools.setdefault(device, [])
+        if len(pool) < self._pool_limit:
+            pool.append(start)
+            if end is not None:
+                pool.append(end)
+
     def resolve(self) -> int:
-        """Watchdog side: fill the times of ops whose events have happened; never blocks. An op that
+        """Fill the times of ops whose events have happened (a dump calls it; never blocks). An op that
         settled without an end event (nobody waited on it) gets its start time only."""
+        with self._reading:
+            return self._resolve(None)
+
+    def _resolve(self, limit: int | None) -> int:
+        """`resolve`, looking at no more than `limit` of the oldest open records; `_reading` held."""
         resolved = 0
-        for record_id, (entry, device, start, end) in list(self._open.items()):
+        records = list(self._open.items())
+        for record_id, (entry, device, start, end) in records if limit is None else records[:limit]:
+            if entry.id != record_id:  # the ring reused its entry for a newer op: nothing to fill
+                if self._open.pop(record_id, None) is not None:
+                    self._give_back(device, start, end)
+                continue
             try:
                 if end is None:
                     if entry.state not in SETTLED or not start.query():
@@ -183,10 +227,8 @@ class DeviceTiming:
                     entry.t_dev_end_ns = anchor_ns + int(anchor.elapsed_time(end) * 1e6)
             except Exception as exc:  # noqa: BLE001
                 log.warn_once("device-events-read", f"could not read device events ({exc!r})")
-            self._open.pop(record_id, None)
-            pool = self._pools.setdefault(device, [])
-            if len(pool) < self._pool_limit:
-                pool.extend(e for e in (start, end) if e is not None)
+            if self._open.pop(record_id, None) is not None:
+                self._give_back(device, start, end)
             resolved += 1
         return resolved
 

@@ -119,6 +119,19 @@ class StreamGroupState(GroupState):  # type: ignore[misc]
 WAIT_MEANS_DONE = frozenset({"gloo", "mpi"})
 
 
+# Backends whose Works on one device stream complete in the order they were issued (each group's
+# collectives share one stream; p2p ops one per peer): the watchdog polls their newest Work first.
+IN_ORDER = frozenset({"nccl", "hccl"})
+
+
+def device_backend(backend: str, device: str) -> str:
+    """The backend serving `device` tensors: `cpu:gloo,cuda:nccl`, `cuda` -> `nccl`."""
+    if ":" not in backend:
+        return backend.lower()
+    served = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
+    return served.get(device, "").lower()
+
+
 def cpu_backend(backend: str) -> str:
     """The backend serving CPU tensors: `cpu:gloo,cuda:nccl` -> `gloo`; a single name serves every device."""
     if ":" not in backend:

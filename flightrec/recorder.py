@@ -20,7 +20,7 @@ import torch.distributed.distributed_c10d as c10d
 from . import log
 from .device_timing import DeviceTiming
 from .entry import Entry, tensor_meta
-from .groups import GroupRegistry, GroupState, StreamGroupState
+from .groups import IN_ORDER, GroupRegistry, GroupState, StreamGroupState, device_backend
 from .ops import OpSpec, as_tensors
 from .ring import Ring
 from .settings import Settings
@@ -99,6 +99,7 @@ class Recorder:
         self.active = True
         self.cpp_open: list[Entry] = []  # C++ ops whose completion is not known yet
         self.device_timing = DeviceTiming()  # used only by ops on a device (NCCL, HCCL)
+        self._in_order_groups: dict[tuple[str, str], bool] = {}  # (group, device) -> IN_ORDER backend
         self.on_failure: Callable[[Entry, bool], None] | None = None  # set by the watchdog owner
         self.armed_wall_ns = time.time_ns()  # when this process was armed: tells one run of a job from the next
 
@@ -380,14 +381,71 @@ class Recorder:
                 slot.release(entry)
             else:
                 self._poll_one(entry, work)
-        for table in (self.by_work, self.polled):
-            for key, entry in list(table.items()):
-                work = entry.work
-                if work is None or not entry.pending:
-                    table.pop(key, None)
-                    continue
+        for key, entry in list(self.by_work.items()):
+            work = entry.work
+            if work is None or not entry.pending:
+                self.by_work.pop(key, None)
+            elif entry.device == "cpu" and not self._poll_one(entry, work):  # device ops: in `polled` too
+                self.by_work.pop(key, None)
+        streams: dict[tuple[str, int, str], list[tuple[Entry, Any]]] = {}
+        for key, entry in list(self.polled.items()):
+            work = entry.work
+            if work is None or not entry.pending:
+                self.polled.pop(key, None)
+            elif entry.device != "cpu" and self._in_order(entry.group, entry.device):
+                stream = (entry.group, entry.peer if entry.kind == "p2p" else -1, entry.device)
+                streams.setdefault(stream, []).append((entry, work))
+            elif not self._poll_one(entry, work):
+                self.polled.pop(key, None)
+        for ops in streams.values():
+            self._poll_in_order(ops)
+
+    def _in_order(self, group_name: str, device: str) -> bool:
+        """Whether the group's backend for `device` completes one stream's Works in issue order."""
+        known = self._in_order_groups.get((group_name, device))
+        if known is None:
+            group = self._group_by_name(group_name)
+            if group is None:
+                return False
+            known = self._in_order_groups[(group_name, device)] = device_backend(group.backend, device) in IN_ORDER
+        return known
+
+    def _poll_in_order(self, ops: list[tuple[Entry, Any]]) -> None:
+        """One device stream's pending ops, oldest first: they finish in that order, so the newest done
+        means all are, and otherwise bisection finds where the done ones end, in O(log n) queries
+        instead of one per op (each ~1.2 µs on NCCL, with the GIL held). Any error: each op on its own."""
+        try:
+            done, not_done = 0, len(ops)
+            newest = ops[-1][1]
+            if newest.is_completed():
+                if newest.exception() is not None:  # NCCL: "completed" by an error (its communicator failed)
+                    raise RuntimeError("failed")
+                done = not_done
+            else:
+                not_done -= 1
+                while done < not_done:
+                    middle = (done + not_done) // 2
+                    if ops[middle][1].is_completed():
+                        done = middle + 1
+                    else:
+                        not_done = middle
+        except Exception:  # noqa: BLE001 - a failed Work raises when asked: find which, one by one
+            for entry, work in ops:
                 if not self._poll_one(entry, work):
-                    table.pop(key, None)
+                    self.polled.pop(entry.id, None)
+            return
+        # complete_unmeasured inlined (found done by a poll: no host time, its end event says when):
+        # this loop runs once per device op, on the watchdog thread, with the GIL held
+        by_work, pending, polled, slot = self.by_work, self.pending, self.polled, self.async_slot
+        for entry, work in ops[:done]:
+            entry.t_complete_ns = None
+            entry.state = "completed"
+            entry.work = None
+            by_work.pop(id(work), None)
+            pending.pop(entry.id, None)
+            polled.pop(entry.id, None)
+            if slot is not None:
+                slot.release(entry)
 
     def _poll_one(self, entry: Entry, work: Any) -> bool:
         """Complete `entry` if its Work is done; False when the Work failed (marked failed)."""
@@ -398,6 +456,13 @@ class Recorder:
             return False
         if done:
             if entry.device != "cpu":  # found done by a poll: when it ended is the device end event's to say
+                try:
+                    error = work.exception()  # NCCL's Work reads as completed once it has failed
+                except Exception:  # noqa: BLE001 - a backend without the call: its is_completed raises instead
+                    error = None
+                if error is not None:
+                    self.mark_failed(entry, error if isinstance(error, BaseException) else RuntimeError(str(error)))
+                    return False
                 self.complete_unmeasured(entry)
             else:
                 self._work_done(entry, work)

@@ -134,7 +134,8 @@ class Watchdog:
         rec = self.rec
         now = time.monotonic()
         rec.poll_works()
-        rec.device_timing.resolve()
+        if rec.device_timing.pending:
+            rec.device_timing.recycle(rec.ring.recorded - rec.ring.capacity)
         if now >= self._next_discover:
             self._next_discover = now + _DISCOVER_EVERY_S
             rec.groups.discover()

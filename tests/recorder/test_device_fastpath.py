@@ -105,8 +105,9 @@ dist.all_reduce(t, group=pg)
 sys.setprofile(None)
 
 deadline = time.monotonic() + 10
-while (rec.device_timing.pending or rec.polled) and time.monotonic() < deadline:
-    time.sleep(0.05)  # the watchdog polls the Works and resolves the events
+while rec.polled and time.monotonic() < deadline:
+    time.sleep(0.05)  # the watchdog polls the Works
+rec.device_timing.resolve()  # as a dump does: events are read only then
 rows = []
 for e in rec.entries():
     rows.append({{

@@ -87,6 +87,54 @@ def test_events_come_from_a_pool() -> None:
     assert dev.created <= 3  # the anchor and one start/end pair, reused
 
 
+class CountingEvent(FakeEvent):
+    reads = 0
+
+    def query(self) -> bool:
+        CountingEvent.reads += 1
+        return super().query()
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        CountingEvent.reads += 1
+        return super().elapsed_time(end)
+
+
+def test_events_of_ops_the_ring_dropped_go_back_unread() -> None:
+    """The watchdog reads no event per op: only a dump does (resolve); the ring's dropped ops give
+    their events back unread, and a ring larger than `keep_unread` has its oldest read."""
+    dev = FakeDevice()
+    made: list[CountingEvent] = []
+
+    def event(device: str) -> CountingEvent:
+        made.append(CountingEvent(dev))
+        return made[-1]
+
+    timing = DeviceTiming(factory=event, clock=lambda: 0, keep_unread=7)
+    entries = [_device_entry(i) for i in range(10)]
+    for entry in entries:
+        timing.before(entry)
+        timing.waited(entry, since_issue=False)
+        entry.state = "completed"
+    dev.now_ms = dev.queue_ms
+    CountingEvent.reads = 0
+    assert timing.recycle(oldest_kept=3) == 3  # ids 0-2 left the ring: recycled unread
+    assert CountingEvent.reads == 0 and timing.pending == 7
+    assert all(e.t_dev_start_ns is None for e in entries)
+    entries[3].id = 13  # the ring reused id 3's entry for a newer op: its events are not its own now
+    assert timing.recycle(oldest_kept=3) == 1 and timing.pending == 6 and CountingEvent.reads == 0
+    timing._keep_unread = 4  # a ring larger than the cap: the oldest two over it are read now
+    timing.recycle(oldest_kept=3)
+    assert timing.pending == 4 and [e.t_dev_start_ns is not None for e in entries[4:]] == [True] * 2 + [False] * 4
+    assert timing.resolve() == 4 and timing.pending == 0  # a dump reads the rest
+    assert all(e.t_dev_end_ns is not None for e in entries[4:]) and entries[3].t_dev_start_ns is None
+    before = len(made)
+    for i in range(10, 15):  # the pool serves the next ops: nothing new is made
+        entry = _device_entry(i)
+        timing.before(entry)
+        timing.waited(entry, since_issue=False)
+    assert len(made) == before
+
+
 def test_no_device_events_means_host_times_only() -> None:
     def broken(device: str) -> FakeEvent:
         raise RuntimeError("no such device")
