@@ -81,6 +81,13 @@ class Job:
     dumps: list[RankDump] = field(default_factory=list)
 
     @property
+    def launcher(self) -> str | None:
+        """Which launcher started its ranks (torchrun, slurm, openmpi, ...: the dumps' `launcher`), the
+        names joined where ranks disagree; None where no dump says."""
+        named = sorted({name for name in (_text(d.meta.get("launcher")) for d in self.dumps) if name})
+        return ", ".join(named) if named else None
+
+    @property
     def armed_ns(self) -> list[int]:
         return [a for a in (_positive(d.meta.get("armed_wall_ns")) for d in self.dumps) if a is not None]
 
@@ -97,6 +104,7 @@ class Job:
         armed, times = self.armed_ns, self.dump_times_ns
         return {
             "job_id": self.job_id,
+            "launcher": self.launcher,
             "world_size": self.world_size,
             "store": self.store,
             "armed_wall_ns": min(armed) if armed else None,
@@ -115,6 +123,8 @@ class Job:
         times = self.dump_times_ns
         if times:
             parts.append(f"last dump {clock(max(times))}")
+        if self.launcher:
+            parts.append(f"launched by {self.launcher}")
         name = f'job "{self.job_id}"' if self.job_id else "a job without id"
         return f"{name} ({', '.join(parts)})"
 

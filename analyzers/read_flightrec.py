@@ -43,6 +43,7 @@ META_FIELDS = (
     "host",
     "pid",
     "job_id",
+    "launcher",
     "attempt",
     "store",
     "armed_wall_ns",

@@ -172,7 +172,10 @@ def _mismatch_words(c: dict[str, Any], report: dict[str, Any]) -> str:
 
 def _evidence_line(report: dict[str, Any]) -> str:
     r = report["ranks"]
-    return (f"evidence: {len(r['dumped'])} of {r['expected']} ranks dumped"
+    job = (report.get("jobs") or {}).get("analysed") or {}
+    named = " ".join(part for part in (job.get("launcher"), f'job "{job["job_id"]}"' if job.get("job_id") else None)
+                     if part)
+    return (f"evidence: {len(r['dumped'])} of {r['expected']} ranks dumped" + (f" ({named})" if named else "")
             + (f"; no dump from {rank_text(r['missing'])}" if r["missing"] else "")
             + (f"; unreadable {rank_text(r['unreadable'])}" if r["unreadable"] else "")
             + (f"; stale {rank_text(r['stale'])}" if r.get("stale") else ""))

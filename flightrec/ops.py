@@ -103,6 +103,10 @@ SPECS: tuple[OpSpec, ...] = (
     _coll("all_to_all", inputs=("input_tensor_list",), outputs=("output_tensor_list",)),
     _coll("all_to_all_single", inputs=("input",), outputs=("output",)),
     _coll("barrier"),
+    # deprecated, still served (gloo, NCCL) and still called by older DeepSpeed/ZeRO code: without a
+    # wrapper their backend calls would read as C++-issued collectives with op 'unknown'
+    _coll("all_reduce_coalesced", inputs=("tensors",), outputs=("tensors",), reduce_op="op"),
+    _coll("all_gather_coalesced", inputs=("input_tensor_list",), outputs=("output_tensor_lists",)),
     _coll("monitored_barrier"),
     OpSpec("send", "send", "p2p", inputs=("tensor",), peer=("dst", "group_dst"), direction="send"),
     OpSpec("recv", "recv", "p2p", outputs=("tensor",), peer=("src", "group_src"), direction="recv"),

@@ -21,7 +21,7 @@ def test_text_report_says_what_happened_first(scenario):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "HANG: rank 5 never reached all_reduce #3 of group 3 (tp2); rank 4 waits for it (7 ranks held up in all)"
-    assert lines[1] == "evidence: 8 of 8 ranks dumped"
+    assert lines[1] == 'evidence: 8 of 8 ranks dumped (job "builder")'  # the synthetic job's id
     text = result.output
     assert "root cause: rank 5 — never reached the op its peers wait in [not_entered]" in text
     assert "  where       host node0 (local rank 5, pid 4005)" in text

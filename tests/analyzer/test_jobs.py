@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import analyzers
-from analyzers import jobs
+from analyzers import jobs, render
 from analyzers.rankdump import RankDump
 from analyzers.render import text_report
 from fixtures.builders import WALL_BASE_NS, Job, _warmup
@@ -192,6 +192,21 @@ def test_real_two_jobs_in_one_folder(real_dumps: tuple[Path, Path]) -> None:
     assert any("more than one job" in g for g in report["gaps"])
     text = text_report(report)
     assert any(line.startswith("warning:") and "2-3" in line for line in text.splitlines()[:4]), text
+    # torchrun started it (with no --rdzv-id: no job id): the report names the launcher with the evidence
+    job = report["jobs"]["analysed"]
+    assert job["launcher"] == "torchrun" and job["job_id"] is None, job
+    assert "evidence: 2 of 2 ranks dumped (torchrun)" in text, text
+
+
+def test_the_launcher_is_part_of_the_identity_said() -> None:
+    mixed = [_dump(0, job_id="7", launcher="slurm"), _dump(1, job_id="7", launcher="torchrun"), _dump(2, job_id="7")]
+    split = jobs.split_jobs(mixed)
+    assert split.jobs["analysed"]["launcher"] == "slurm, torchrun" and len(split.kept) == 3  # never splits a job
+    assert jobs.split_jobs([_dump(0), _dump(1)]).jobs["analysed"]["launcher"] is None
+    assert "launched by openmpi" in jobs.Job("j", 2, None, [_dump(0, launcher="openmpi")]).describe()
+    report = {"ranks": {"dumped": [0, 1], "expected": 2, "missing": [], "unreadable": []},
+              "jobs": {"analysed": {"launcher": "slurm", "job_id": "4242.0"}}}
+    assert render._evidence_line(report) == 'evidence: 2 of 2 ranks dumped (slurm job "4242.0")'
 
 
 def _make_stale(path: Path, keep_through_seq: int, older_s: int) -> None:

@@ -88,6 +88,7 @@ def test_collectives_line_up_on_every_rank(coverage_dumps: list[list[dict]]) -> 
     tensor_ops = compat.gloo_tensor_collectives()  # what this torch's gloo serves: the job called these only then
     assert ops[:4] == ["all_reduce", "all_reduce", "all_gather"] + (["all_gather_into_tensor"] if tensor_ops else ["all_gather"])
     for expected in ("reduce", "broadcast", "scatter", "gather", "all_to_all_single", "barrier", "monitored_barrier",
+                     "all_reduce_coalesced", "all_gather_coalesced",
                      *(["reduce_scatter_tensor"] if tensor_ops else [])):
         assert expected in ops, expected
     seqs = [seq for _, seq, _, _ in per_rank[0]]
@@ -111,6 +112,11 @@ def test_details_of_each_op(coverage_dumps: list[list[dict]]) -> None:
     assert by_api["broadcast"][0]["root"] == 2
     assert by_api["scatter"][0]["root"] == 0 and by_api["scatter"][0]["in_shapes"] == [[3]] * WORLD
     assert by_api["gather"][0]["root"] == 1
+    (coalesced,) = by_api["all_reduce_coalesced"]  # one op over two tensors, not a C++-issued 'unknown'
+    assert coalesced["op"] == "all_reduce_coalesced" and coalesced["in_shapes"] == [[2], [3]]
+    (gathered,) = by_api["all_gather_coalesced"]
+    assert gathered["in_shapes"] == [[2], [3]] and gathered["out_shapes"] == [[2], [3]] * WORLD
+    assert not [e for e in coverage_dumps[0] if e["source"] == "c++"]
     assert all(e["state"] == "completed" for e in rows)
     assert all(e["site"].endswith("in every_api") for e in rows), {e["site"] for e in rows}
     assert all(e["t_complete_ns"] >= e["t_enqueue_ns"] for e in rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,10 @@ def every_api(rank: int, world_size: int, port: int, out: str) -> None:
     dist.all_to_all_single(torch.zeros(ws * 2), torch.ones(ws * 2))
     dist.barrier()
     dist.monitored_barrier(timeout=None)
+    with warnings.catch_warnings():  # deprecated APIs, still served
+        warnings.simplefilter("ignore")
+        dist.all_reduce_coalesced([torch.ones(2), torch.ones(3)])
+        dist.all_gather_coalesced([[torch.zeros(2), torch.zeros(3)] for _ in range(ws)], [torch.ones(2), torch.ones(3)])
     # p2p ring: send to the right, receive from the left
     right, left = (rank + 1) % ws, (rank - 1) % ws
     if rank % 2 == 0:
