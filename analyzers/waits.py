@@ -175,9 +175,54 @@ def _progress(dumps: dict[int, RankDump]) -> tuple[dict[tuple[int, str], tuple[i
     return colls, pairs
 
 
+# Collectives a member can complete only after every member has entered and contributed: one member's
+# completion shows the others' part is done too.
+SYMMETRIC_OPS = frozenset(("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                           "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+                           "all_reduce_coalesced", "all_gather_coalesced", "allreduce_coalesced"))
+
+
+def _completed_by_a_member(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd.Series:
+    """Pending C++-issued symmetric collectives (DDP's, FSDP's) that another member of the group has
+    completed. Their state comes from PyTorch's recorder, which marks completion late (seen on torch
+    2.15's gloo: `last_completed_collective` one behind a DDP all-reduce its peer had completed), so
+    such an op is done, not where the rank hangs: read as pending it made the rank look stuck in an
+    op its peers finished (comm_stuck) and hid the rank that never entered the next one. Ops the
+    recorder saw return (Python-issued) keep their state."""
+    candidates = pending & (e["source"] == "c++") & (e["kind"] == "coll") & e["op"].isin(SYMMETRIC_OPS)
+    if not candidates.any():
+        return candidates
+    done = e[(e["state"] == COMPLETED) & (e["kind"] == "coll")]
+    best = done.groupby(["group", "rank"], observed=True)["seq"].max().astype("int64")
+    counters = pd.Series({(g, r): c for (r, g), (_, c) in ctx.progress.items() if c > 0}, dtype="int64")
+    if len(counters):
+        counters.index = pd.MultiIndex.from_tuples(counters.index, names=["group", "rank"])
+        best = pd.concat([best, counters]).groupby(level=[0, 1]).max()
+    if best.empty:
+        return candidates & False
+    ranked = best.rename("seq").reset_index().sort_values(["group", "seq"], ascending=[True, False])
+    top = ranked.groupby("group").head(2)  # the two members furthest ahead in each group
+    first = top.groupby("group").nth(0).set_index("group")
+    second = top.groupby("group").nth(1).set_index("group")["seq"]
+    c = e.loc[candidates, ["rank", "group", "seq"]]
+    groups = c["group"].astype(str)
+    first_rank = groups.map(first["rank"])
+    furthest = groups.map(first["seq"])
+    runner_up = groups.map(second).fillna(-1)
+    other = np.where(c["rank"].to_numpy() == first_rank.to_numpy(), runner_up.to_numpy(), furthest.fillna(-1).to_numpy())
+    late = pd.Series(False, index=e.index)
+    late.loc[c.index] = c["seq"].to_numpy() <= other
+    for row in e.loc[late[late].index, ["rank", "group", "seq", "op"]].itertuples(index=False):
+        ctx.notes.append(f"rank {row.rank}'s {row.op} (group {row.group}, seq {row.seq}), issued from C++, was still "
+                         "running in PyTorch's recorder although another member had completed it: taken as completed "
+                         "(that recorder marks completion late)")
+    return late
+
+
 def _blocking(ctx: _Ctx) -> dict[int, Wait]:
     e = ctx.entries[_COLS]
     pending = e["state"].isin(PENDING_STATES)
+    pending &= ~_completed_by_a_member(e, pending, ctx)
     unknown = e["state"] == UNKNOWN
     if unknown.any():  # a C++ op of unknown state blocks only as the rank's last op, per pg_status
         last = e["id"] == e.groupby("rank")["id"].transform("max")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import analyzers
-from fixtures.builders import Job
+from fixtures.builders import COMPUTE_STACK, Job
 
 
 def _ddp(job: Job, ranks: list[int] | None = None) -> None:
@@ -56,3 +56,34 @@ def test_comm_stuck_singles_out_ranks_whose_op_never_started(tmp_path: Path) -> 
     (cause,) = report["root_causes"]
     assert (cause["kind"], cause["rank"], cause["ranks"]) == ("comm_stuck", 2, [2]), cause
     assert "only scheduled" in cause["detail"]
+
+
+def _late_completion(tmp_path: Path, source: str) -> dict:
+    """torch 2.15's gloo, seen once in a DDP stall: rank 1 completed the Reducer's all-reduce #7 and stalled
+    in compute; rank 0's copy of #7 still read `started` (PyTorch's recorder, polled, marks completion
+    late) and it had issued #8, which rank 1 never entered."""
+    job = Job(2)
+    for _ in range(6):
+        job.collective("0", "all_reduce", source=source, api="c++" if source == "c++" else "all_reduce")
+    job.collective("0", "all_reduce", ranks=[1], source=source, api="c++" if source == "c++" else "all_reduce")
+    for _ in range(2):
+        job.collective("0", "all_reduce", ranks=[0], state="started", source=source,
+                       api="c++" if source == "c++" else "all_reduce")
+    job.stack(1, COMPUTE_STACK)
+    return analyzers.load(job.write(tmp_path)).report()
+
+
+def test_a_cpp_collective_a_member_completed_is_not_where_a_rank_hangs(tmp_path: Path) -> None:
+    report = _late_completion(tmp_path, "c++")
+    assert report["verdict"] == "hang", report["summary"]
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(1, "not_entered")], report["root_causes"]
+    (wait,) = report["waits"]
+    assert wait["rank"] == 0 and wait["seq"] == 8
+    assert any("taken as completed" in n for n in report["gaps"]), report["gaps"]
+
+
+def test_a_python_collective_keeps_the_state_the_recorder_saw(tmp_path: Path) -> None:
+    """flightrec saw the call not return: rank 0 really is inside #7, which its peer finished."""
+    report = _late_completion(tmp_path, "python")
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(0, "comm_stuck")], report["root_causes"]
+    assert not any("taken as completed" in n for n in report["gaps"])
