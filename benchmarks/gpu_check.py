@@ -1,4 +1,4 @@
-"""The device path on a real GPU, in one run of under ~6 minutes (issue 24): run it whenever a GPU is lent.
+"""The device path on a real GPU, in one run of ~4-5 minutes (issue 24): run it whenever a GPU is lent.
 
     python benchmarks/gpu_check.py --build --out DIR   # JSON results in DIR/gpu_check.json, exit 1 if a check failed
 
@@ -17,6 +17,7 @@ Checks, each in its own bounded subprocess:
   device) where rank 1 stalls: every rank dumps, device times are there and ordered, and the analysis
   names rank 1.
 - `overhead`: `benchmarks/overhead.py --device cuda` (host cost per collective against PyTorch's recorder).
+- `ablation`: `benchmarks/device_ablation.py` (where that host cost goes; ~1 minute).
 
 The recorder is armed as an installed package arms it (FLIGHTREC=1 and the start-up hook), here through
 a `sitecustomize` on PYTHONPATH, so the checked-out tree needs no install.
@@ -314,10 +315,22 @@ def check_overhead(out: Path, env: dict[str, str]) -> dict:
     return got
 
 
+def check_ablation(out: Path, env: dict[str, str]) -> dict:
+    """`benchmarks/device_ablation.py`: where the device path's host time goes (informational: it passes
+    when every variant ran)."""
+    target = out / "ablation.json"
+    rc, text, took = _run([sys.executable, str(ROOT / "benchmarks" / "device_ablation.py"), "--json", str(target)],
+                          env, 240)
+    got: dict = {"rc": rc, "seconds": round(took, 1), "tail": text.strip().splitlines()[-40:]}
+    got["ok"] = rc == 0
+    return got
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="results folder (default: a temporary one)")
-    parser.add_argument("--only", default="nccl,nccl_python,gloo_cuda,overhead", help="comma-separated checks to run")
+    parser.add_argument("--only", default="nccl,nccl_python,gloo_cuda,overhead,ablation",
+                        help="comma-separated checks to run")
     parser.add_argument("--build", action="store_true",
                         help="first compile the C hot path, the pickle reader and the torch reader in place")
     a = parser.parse_args()
@@ -337,7 +350,7 @@ def main() -> int:
         print(f"build: {results['build']}", flush=True)
     env = _env(_hook(out / "hook"))
     checks = {"nccl": check_nccl, "nccl_python": check_nccl_python, "gloo_cuda": check_gloo_cuda,
-              "overhead": check_overhead}
+              "overhead": check_overhead, "ablation": check_ablation}
     for name in a.only.split(","):
         start = time.monotonic()
         try:
