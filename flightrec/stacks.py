@@ -15,7 +15,27 @@ Frame = tuple[str, int, str]
 _TORCH_DIST = os.path.dirname(os.path.abspath(torch.distributed.__file__)) + os.sep
 _FLIGHTREC = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _CONTEXTLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib.py"
-_SKIP = (_TORCH_DIST, _FLIGHTREC, _CONTEXTLIB)
+
+
+def _pass_through_layers() -> tuple[str, ...]:
+    """Layers of training frameworks that only pass calls on to torch.distributed (DeepSpeed's
+    `deepspeed.comm`, and its NVTX decorator around ZeRO-3's gathers and scatters): a call site inside
+    them says nothing, the frame that called them does (ZeRO's partitioning code, the training step).
+    Located, never imported."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+    except (ImportError, ValueError):
+        return ()
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    return tuple(path for folder in spec.submodule_search_locations
+                 for path in (os.path.join(os.path.abspath(folder), "comm") + os.sep,
+                              os.path.join(os.path.abspath(folder), "utils", "nvtx.py")))
+
+
+_SKIP = (_TORCH_DIST, _FLIGHTREC, _CONTEXTLIB, *_pass_through_layers())
 
 
 # id(code) -> (code, is ours): hashing a code object hashes its whole body (~0.5 µs), its id does

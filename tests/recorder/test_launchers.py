@@ -1,11 +1,11 @@
 """Launchers other than torchrun (issue 25): mpirun (Open MPI, MPICH / hydra, PMIx), Slurm's srun under an
 sbatch script, and DeepSpeed's launcher with `deepspeed.comm`.
 
-Neither srun nor DeepSpeed is installed here, and mpirun only where someone installed it: each job is
-real (gloo on 127.0.0.1, processes armed by FLIGHTREC=1 through the start-up hook) with the environment
-those launchers give their processes (tests/recorder/launcher_job.py); the last two tests run the same
-workers under Open MPI's mpirun and MPICH's hydra mpiexec themselves where they are installed (apt's
-openmpi-bin and mpich), and skip elsewhere. Every process is bounded in time and killed in the end.
+Every job is real (gloo on 127.0.0.1, processes armed by FLIGHTREC=1 through the start-up hook). Most
+give their processes the environment those launchers give (tests/recorder/launcher_job.py); the
+tests at the end run the launchers themselves where they are there (apt's openmpi-bin and mpich, a
+Slurm cluster answering `sinfo`, DeepSpeed in a Python `FLIGHTREC_TEST_DEEPSPEED_PYTHON` names) and
+skip elsewhere. Every process is bounded in time and killed in the end.
 """
 
 from __future__ import annotations
@@ -376,3 +376,82 @@ def test_real_hydra_mpiexec_exit_records(tmp_path: Path) -> None:
     for rank in range(NPROC):
         d = dumps[f"rank-{rank:05d}.json.gz"]
         assert (d["rank"], d["reason"], d["launcher"], d["local_rank"]) == (rank, "exit", "pmi", NPROC - 1 - rank)
+
+
+def _deepspeed_python() -> str | None:
+    """A Python with DeepSpeed installed: this one, or the one `FLIGHTREC_TEST_DEEPSPEED_PYTHON` names (a
+    venv of its own: DeepSpeed pins its own dependencies, so it is kept out of the test environment)."""
+    named = os.environ.get("FLIGHTREC_TEST_DEEPSPEED_PYTHON")
+    candidates = [named] if named else [sys.executable]
+    for python in candidates:
+        try:
+            done = subprocess.run([python, "-c", "import deepspeed.launcher.runner"], capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return python
+    return None
+
+
+def test_real_deepspeed_launcher_zero3_stall(tmp_path: Path) -> None:
+    """DeepSpeed's own launcher (`deepspeed --num_gpus 2`, CPU accelerator, gloo through deepspeed.comm) on a
+    ZeRO-3 job whose rank 1 stalls: both workers armed by FLIGHTREC=1 alone, their dumps named deepspeed's,
+    ZeRO-3's gathers and scatters recorded with ZeRO's call sites (not deepspeed.comm's pass-through layer),
+    and the analysis names rank 1. Not on a fresh machine (DeepSpeed is not a dependency): skipped there."""
+    python = _deepspeed_python()
+    if python is None:
+        pytest.skip("DeepSpeed is not installed (FLIGHTREC_TEST_DEEPSPEED_PYTHON may name a Python that has it)")
+    names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
+    argv = [python, "-m", "deepspeed.launcher.runner", "--num_gpus", str(NPROC), "--master_port", str(free_port()),
+            str(ROOT / "fixtures" / "jobs" / "deepspeed_zero3.py"), "--stall-rank", "1"]
+    env = _env(tmp_path, DS_ACCELERATOR="cpu", FLIGHTREC_TIMEOUT="3")
+    env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])
+    _run([(argv, env)], tmp_path, _settled(tmp_path, names, quiet_s=1.0), timeout_s=240)
+    dumps = _dumps(tmp_path)
+    assert sorted(dumps) == names, _log(tmp_path)
+    for rank, name in enumerate(names):
+        d = dumps[name]
+        assert (d["rank"], d["world_size"], d["local_rank"], d["launcher"]) == (rank, NPROC, rank, "deepspeed")
+        zero = [e for e in entries(d) if e["api"] in ("all_gather_into_tensor", "reduce_scatter_tensor")]
+        assert zero and all(e["source"] == "python" for e in zero), _log(tmp_path)
+        passing_on = ("deepspeed/comm/", "deepspeed/utils/nvtx.py")
+        assert not [e for e in zero if any(p in (e["site"] or "") for p in passing_on)], {e["site"] for e in zero}
+        assert all("deepspeed/runtime/" in e["site"] for e in zero), {e["site"] for e in zero}  # ZeRO's own code
+    analyzers = pytest.importorskip("analyzers")
+    report = analyzers.load(str(tmp_path)).report()
+    assert report["verdict"] == "hang", report["summary"]
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(1, "not_entered")], report["root_causes"]
+    assert report["jobs"]["analysed"]["launcher"] == "deepspeed"
+
+
+def test_real_slurm_srun_stall(tmp_path: Path) -> None:
+    """Slurm's own srun (a single-node cluster someone set up: apt's slurm-wlm with slurmctld and slurmd
+    running; not on a fresh machine): the step's two tasks dump as their rank, named by Slurm's job and
+    step, and the analysis names the stalled task."""
+    srun = _launcher(("srun",), "slurm")
+    if srun is None:
+        pytest.skip("Slurm's srun is not installed")
+    try:
+        idle = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        idle = ""
+    if not {"idle", "mixed"} & set(idle.split()):
+        pytest.skip("no Slurm cluster answers here (slurmctld and slurmd not running)")
+    names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
+    argv = [srun, "-n", str(NPROC), "--overcommit", "--kill-on-bad-exit=0", sys.executable, str(JOB), "worker", "slurm",
+            "stall", str(tmp_path), str(free_port())]
+    _run([(argv, _env(tmp_path, FLIGHTREC_TIMEOUT="1"))], tmp_path, _settled(tmp_path, names), timeout_s=90)
+    dumps = _dumps(tmp_path)
+    assert sorted(dumps) == names, _log(tmp_path)
+    ready = _pids(tmp_path, "ready-*")
+    jobs = {d["job_id"] for d in dumps.values()}
+    assert len(jobs) == 1 and "." in next(iter(jobs)), jobs  # Slurm's JOB.STEP, the same on every task
+    for rank, name in enumerate(names):
+        d = dumps[name]
+        assert (d["rank"], d["world_size"], d["local_rank"], d["launcher"]) == (rank, NPROC, rank, "slurm")
+        assert d["pid"] == ready[f"ready-{rank}"]
+    analyzers = pytest.importorskip("analyzers")
+    report = analyzers.load(str(tmp_path)).report()
+    assert report["verdict"] == "hang", report["summary"]
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(1, "not_entered")], report["root_causes"]
+    assert report["jobs"]["analysed"]["launcher"] == "slurm"
