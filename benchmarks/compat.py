@@ -5,8 +5,11 @@ version it makes (or reuses) a virtual environment under `--root` with that torc
 index, puts this checkout on its path and the `flightrec.pth` start-up hook in its site-packages (what
 an install does), and runs there, each under a hard timeout:
 
+- `reader`: `flightrec build-ext`, the optional torch reader compiled against that torch's C++ headers
+  (into the checkout, keyed by the torch build), so that the tests below run with it as an install would;
 - `units`: the recorder's own unit tests (tests/recorder/test_recorder_units.py) with that torch;
-- `api`: the recorder API job (tests/recorder/test_api_coverage.py: every c10d API, recorded entries);
+- `api`: the recorder API job (tests/recorder/test_api_coverage.py: every c10d API, recorded entries, by
+  the C hot path with and without the torch reader and by the Python wrapper, compared field by field);
 - `stall`: torchrun jobs where one rank stalls, in Python (compute_hang) and under DDP (ddp_stall);
 - `crash`: a torchrun job where one rank dies (crash);
 - `torch_fr`: PyTorch's own recorder of that version dumped by a stalled gloo job (fixtures/make_torch_fr.py),
@@ -44,7 +47,7 @@ if str(ROOT) not in sys.path:
 from fixtures.launch import kill_tree  # noqa: E402
 
 DEFAULT_VERSIONS = ("2.1.2", "2.4.1", "2.13.0", "newest")
-CHECKS = ("units", "api", "stall", "crash", "torch_fr")
+CHECKS = ("reader", "units", "api", "stall", "crash", "torch_fr")
 SCENARIOS = {"stall": ("compute_hang", "ddp_stall"), "crash": ("crash",)}
 TESTS = {"units": "tests/recorder/test_recorder_units.py", "api": "tests/recorder/test_api_coverage.py"}
 # Released torch wheels for Linux x86_64 were built against numpy 1.x up to 2.2; they run with it.
@@ -144,6 +147,20 @@ def run_tests(python: Path, path: str) -> Result:
     return Result(code == 0, note, time.monotonic() - started)
 
 
+def run_reader(python: Path) -> Result:
+    """Build the torch reader for the venv's torch (what `flightrec build-ext` does after an install)."""
+    started = time.monotonic()
+    env = _pip_env()
+    env.pop("FLIGHTREC", None)
+    code, out = _bounded([str(python), "-m", "flightrec", "build-ext"], TEST_TIMEOUT_S, env)
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    if code is None:
+        return Result(False, f"timed out after {TEST_TIMEOUT_S:.0f}s", time.monotonic() - started)
+    error = next((line.strip() for line in lines if " error: " in line), lines[-1] if lines else "no output")
+    note = (lines[-1] if lines else "") if code == 0 else error[:300]
+    return Result(code == 0, note.replace(str(ROOT) + "/", ""), time.monotonic() - started)
+
+
 def run_scenarios(python: Path, names: tuple[str, ...], work: Path) -> Result:
     from fixtures.run import SCENARIOS as ALL
     from fixtures.run import analyze, check, dumped_ranks, run_scenario
@@ -204,7 +221,9 @@ def run_version(root: Path, version: str, checks: tuple[str, ...]) -> Row:
     work = root / "runs" / row.installed
     shutil.rmtree(work, ignore_errors=True)
     for check in checks:
-        if check in TESTS:
+        if check == "reader":
+            result = run_reader(python)
+        elif check in TESTS:
             result = run_tests(python, TESTS[check])
         elif check in SCENARIOS:
             result = run_scenarios(python, SCENARIOS[check], work)

@@ -101,7 +101,8 @@ int cpu_meta(PyObject *obj, int shape_as_tuple, PyObject **out)
         const c10::TensorImpl *impl = tensor.unsafeGetTensorImpl();
         if (impl->has_symbolic_sizes_strides()) return -1;
         if (impl->device_type() != c10::DeviceType::CPU) return 0;
-        *out = pair_for(impl->sizes(), impl->dtype().toScalarType(), shape_as_tuple);
+        caffe2::TypeMeta meta = impl->dtype();  /* a copy: torch 2.1-2.4 declare toScalarType() non-const */
+        *out = pair_for(impl->sizes(), meta.toScalarType(), shape_as_tuple);
         if (*out == nullptr) {
             PyErr_Clear();
             return -1;

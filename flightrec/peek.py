@@ -49,6 +49,7 @@ def build_key() -> str:
                  str(sysconfig.get_config_var("EXT_SUFFIX")), platform.machine()):
         digest.update(part.encode() + b"\0")
     digest.update(SOURCE.read_bytes())
+    digest.update(" ".join(pybind11_abi_flags()).encode())  # builds made without the tag are not found
     return digest.hexdigest()[:16]
 
 
@@ -141,6 +142,18 @@ def compiler() -> list[str]:
     return shlex.split(os.environ.get("CXX") or "c++")
 
 
+def pybind11_abi_flags() -> list[str]:
+    """pybind11's ABI tag as torch was built with it (as torch's cpp_extension passes it): pybind11 keeps
+    one type registry per tag, so a reader built with another compiler's tag (torch 2.1's wheels were
+    built with GCC 9, `_cxxabi1011`) cannot see torch's ProcessGroup type, and its counter reader is off."""
+    flags = []
+    for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
+        value = getattr(torch._C, f"_PYBIND11_{name}", None)
+        if isinstance(value, str) and value:
+            flags.append(f'-DPYBIND11_{name}="{value}"')
+    return flags
+
+
 def compile_command(source: Path, target: Path, std: str) -> list[str]:
     from torch.utils import cpp_extension  # build time only: it imports setuptools
 
@@ -148,7 +161,7 @@ def compile_command(source: Path, target: Path, std: str) -> list[str]:
     libraries = cpp_extension.library_paths()
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
     return [*compiler(), "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            "-w", *(f"-I{path}" for path in includes), str(source), "-o", str(target),
+            *pybind11_abi_flags(), "-w", *(f"-I{path}" for path in includes), str(source), "-o", str(target),
             *(f"-L{path}" for path in libraries), *(f"-Wl,-rpath,{path}" for path in libraries),
             "-ltorch_python", "-ltorch_cpu", "-lc10"]
 
