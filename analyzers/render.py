@@ -261,6 +261,8 @@ def _op_at(c: dict[str, Any]) -> str:
     if c.get("op") in P2P_OPS:  # its per-pair number is an internal count: the peer says more
         peer = c.get("peer")
         return str(c.get("op")) + (f" {'to' if 'send' in str(c['op']) else 'from'} rank {peer}" if peer is not None and peer >= 0 else "")
+    if c.get("op") == "unknown":  # issued from C++ where no recorder said what (torch before 2.5 on gloo)
+        return f"collective #{c.get('seq')} (issued from C++, op not recorded)"
     return f"{c.get('op')} #{c.get('seq')}"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import analyzers
+from analyzers.render import text_report
 from fixtures.builders import COMPUTE_STACK, Job
 
 
@@ -87,3 +88,14 @@ def test_a_python_collective_keeps_the_state_the_recorder_saw(tmp_path: Path) ->
     report = _late_completion(tmp_path, "python")
     assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(0, "comm_stuck")], report["root_causes"]
     assert not any("taken as completed" in n for n in report["gaps"])
+
+
+def test_a_cpp_op_of_unrecorded_name_reads_as_such(tmp_path: Path) -> None:
+    """torch 2.1-2.4 on gloo: no recorder names DDP's C++-issued ops; the report says that, not 'unknown #8'."""
+    job = Job(2)
+    for _ in range(3):
+        job.collective("0", "unknown", state="unknown", source="c++", api="c++")
+    job.collective("0", "unknown", ranks=[0], state="unknown", source="c++", api="c++")
+    report = analyzers.load(job.write(tmp_path)).report()
+    first = text_report(report).splitlines()[0]
+    assert first.startswith("HANG: rank 1 never reached collective #4 (issued from C++, op not recorded) of group 0"), first
