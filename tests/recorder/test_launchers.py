@@ -438,9 +438,15 @@ def test_real_slurm_srun_stall(tmp_path: Path) -> None:
     if not {"idle", "mixed"} & set(idle.split()):
         pytest.skip("no Slurm cluster answers here (slurmctld and slurmd not running)")
     names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
-    argv = [srun, "-n", str(NPROC), "--overcommit", "--kill-on-bad-exit=0", sys.executable, str(JOB), "worker", "slurm",
-            "stall", str(tmp_path), str(free_port())]
-    _run([(argv, _env(tmp_path, FLIGHTREC_TIMEOUT="1"))], tmp_path, _settled(tmp_path, names), timeout_s=90)
+    job_name = f"flightrec-test-{os.getpid()}-{time.monotonic_ns()}"
+    # the tasks run under slurmstepd, not under srun: killing srun leaves them holding the node, so the
+    # job is cancelled by name in the end, and Slurm's own time limit (2 minutes) bounds it regardless
+    argv = [srun, "-n", str(NPROC), "--overcommit", "--time=2", f"--job-name={job_name}", sys.executable, str(JOB),
+            "worker", "slurm", "stall", str(tmp_path), str(free_port())]
+    try:
+        _run([(argv, _env(tmp_path, FLIGHTREC_TIMEOUT="1"))], tmp_path, _settled(tmp_path, names), timeout_s=90)
+    finally:
+        subprocess.run(["scancel", f"--name={job_name}"], capture_output=True, timeout=30)
     dumps = _dumps(tmp_path)
     assert sorted(dumps) == names, _log(tmp_path)
     ready = _pids(tmp_path, "ready-*")
