@@ -20,7 +20,10 @@ import sysconfig
 import tempfile
 from typing import Any
 
-from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+try:
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+except ImportError:  # benchmarks/gpu_check.py builds in place with `compile_extension` where hatchling is absent
+    BuildHookInterface = object  # type: ignore[assignment,misc]
 
 # each C source, and where its extension lives in the source tree and in a (non-editable) wheel
 EXTENSIONS = {

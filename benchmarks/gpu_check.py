@@ -254,21 +254,13 @@ def build_in_place(out: Path) -> dict:
     """Compile the C parts for this Python and torch in the checked-out tree (what `pip install` and
     `flightrec build-ext` do), so the checks run the C hot path and the torch reader as a real install
     would; a build that fails leaves the Python paths, and the result says so."""
-    import shlex
-    import shutil
-    import sysconfig
+    sys.path.insert(0, str(ROOT))
+    import hatch_build  # the wheel's build hook: the same compiler command, for the same C files
 
     got: dict = {}
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
-    for source, folder in (("flightrec/_fastpath.c", "flightrec"), ("analyzers/_pickle_columns.c", "analyzers")):
-        if not compiler or shutil.which(compiler[0]) is None:
-            got[source] = f"no C compiler {compiler[:1]}"
-            continue
-        target = ROOT / folder / (Path(source).stem + suffix)
-        rc, text, took = _run([*compiler, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-                               str(ROOT / source), "-o", str(target)], dict(os.environ), 300)
-        got[source] = "built" if rc == 0 else f"failed: {text[-1500:]}"
+    for source, (tree_dir, _) in hatch_build.EXTENSIONS.items():
+        built = hatch_build.compile_extension(str(ROOT), source, str(ROOT / tree_dir))
+        got[source] = "built" if built else "not built (the reason is on stderr)"
     rc, text, took = _run([sys.executable, "-m", "flightrec", "build-ext"], {**os.environ, "PYTHONPATH": str(ROOT)}, 400)
     got["build-ext"] = text.strip().splitlines()[-1:] if rc == 0 else f"failed ({rc}): {text[-1500:]}"
     got["seconds"] = round(took, 1)

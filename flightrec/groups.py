@@ -125,19 +125,12 @@ IN_ORDER = frozenset({"nccl", "hccl"})
 
 
 def device_backend(backend: str, device: str) -> str:
-    """The backend serving `device` tensors: `cpu:gloo,cuda:nccl`, `cuda` -> `nccl`."""
+    """The backend serving `device` tensors: `cpu:gloo,cuda:nccl`, `cuda` -> `nccl`; a single name serves
+    every device."""
     if ":" not in backend:
         return backend.lower()
     served = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
     return served.get(device, "").lower()
-
-
-def cpu_backend(backend: str) -> str:
-    """The backend serving CPU tensors: `cpu:gloo,cuda:nccl` -> `gloo`; a single name serves every device."""
-    if ":" not in backend:
-        return backend.lower()
-    served = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
-    return served.get("cpu", "").lower()
 
 
 def describe_group(pg: Any) -> GroupState | None:
@@ -154,7 +147,7 @@ def describe_group(pg: Any) -> GroupState | None:
         backend = "unknown"
     name = _attribute(pg, "group_name") or _registered_name(pg)
     desc = _attribute(pg, "group_desc")
-    kind = GroupState if cpu_backend(backend) in WAIT_MEANS_DONE else StreamGroupState
+    kind = GroupState if device_backend(backend, "cpu") in WAIT_MEANS_DONE else StreamGroupState
     return kind(pg, name, desc, backend, ranks, rank_in_group)
 
 

@@ -36,6 +36,26 @@ TRUST_AFTER = 8  # calls of an API whose counter step agreed before the step is 
 RECHECK_EVERY = 64  # a predicted step is still read and checked on every 64th entry
 
 
+def _done_in_order(works: list[Any]) -> int | None:
+    """How many of one stream's Works (oldest first) are done, asking the newest first and then by
+    bisection; None when one raised, or the newest reads as completed while holding an error (NCCL's,
+    once its communicator failed)."""
+    try:
+        newest = works[-1]
+        if newest.is_completed():
+            return None if newest.exception() is not None else len(works)
+        done, not_done = 0, len(works) - 1
+        while done < not_done:
+            middle = (done + not_done) // 2
+            if works[middle].is_completed():
+                done = middle + 1
+            else:
+                not_done = middle
+        return done
+    except Exception:  # noqa: BLE001 - a failed Work raises when asked
+        return None
+
+
 def _describe(value: Any, entry: Entry) -> tuple[tuple[Any, Any], ...]:
     """Shapes and dtypes of a tensor argument (or list of them); notes a device that is not the CPU.
 
@@ -414,38 +434,14 @@ class Recorder:
         """One device stream's pending ops, oldest first: they finish in that order, so the newest done
         means all are, and otherwise bisection finds where the done ones end, in O(log n) queries
         instead of one per op (each ~1.2 µs on NCCL, with the GIL held). Any error: each op on its own."""
-        try:
-            done, not_done = 0, len(ops)
-            newest = ops[-1][1]
-            if newest.is_completed():
-                if newest.exception() is not None:  # NCCL: "completed" by an error (its communicator failed)
-                    raise RuntimeError("failed")
-                done = not_done
-            else:
-                not_done -= 1
-                while done < not_done:
-                    middle = (done + not_done) // 2
-                    if ops[middle][1].is_completed():
-                        done = middle + 1
-                    else:
-                        not_done = middle
-        except Exception:  # noqa: BLE001 - a failed Work raises when asked: find which, one by one
+        done = _done_in_order([work for _, work in ops])
+        if done is None:  # an error on the stream: find which ops failed, one by one
             for entry, work in ops:
                 if not self._poll_one(entry, work):
                     self.polled.pop(entry.id, None)
             return
-        # complete_unmeasured inlined (found done by a poll: no host time, its end event says when):
-        # this loop runs once per device op, on the watchdog thread, with the GIL held
-        by_work, pending, polled, slot = self.by_work, self.pending, self.polled, self.async_slot
-        for entry, work in ops[:done]:
-            entry.t_complete_ns = None
-            entry.state = "completed"
-            entry.work = None
-            by_work.pop(id(work), None)
-            pending.pop(entry.id, None)
-            polled.pop(entry.id, None)
-            if slot is not None:
-                slot.release(entry)
+        for entry, _ in ops[:done]:
+            self.complete_unmeasured(entry)  # found done by a poll: its end event says when
 
     def _poll_one(self, entry: Entry, work: Any) -> bool:
         """Complete `entry` if its Work is done; False when the Work failed (marked failed)."""

@@ -135,7 +135,7 @@ class Watchdog:
         now = time.monotonic()
         rec.poll_works()
         if rec.device_timing.pending:
-            rec.device_timing.recycle(rec.ring.recorded - rec.ring.capacity)
+            rec.device_timing.recycle(rec.ring.dropped)  # ids below it have left the ring
         if now >= self._next_discover:
             self._next_discover = now + _DISCOVER_EVERY_S
             rec.groups.discover()
@@ -173,7 +173,7 @@ class Watchdog:
             self._ask_peers(f"op_failed on rank {_rank()}: {detail}")
 
     def _update_cpp_states(self) -> None:
-        oldest_kept = self.rec.ring.recorded - self.rec.ring.capacity
+        oldest_kept = self.rec.ring.dropped
         open_cpp = [e for e in self.rec.cpp_open if e.state in ("unknown", "started") and e.id >= oldest_kept]
         self.rec.cpp_open[:] = open_cpp
         if not open_cpp:
