@@ -470,10 +470,10 @@ def expand_batch(parts: Sequence[Templated]) -> Columns:
 
     for name in ENTRY_COLUMNS[1:]:
         if name in in_templates:
-            table = _concat_column(name, [finish_shared(name, p.templates.get(name), p.count) for p in parts])
+            table = concat_column(name, [finish_shared(name, p.templates.get(name), p.count) for p in parts])
             data[name] = _take_rows_of(table, which)
         elif any(name in p.cols for p in parts):
-            data[name] = _concat_column(name, [finish_column(name, p.cols.get(name), p.n) for p in parts])
+            data[name] = concat_column(name, [finish_column(name, p.cols.get(name), p.n) for p in parts])
         else:  # in no dump of the batch (root, unit on most): filled once, not once per rank
             data[name] = finish_column(name, None, len(which))
     return data
@@ -562,13 +562,13 @@ def concat_columns(parts: Sequence[Columns], consume: bool = False, trim: bool =
     parts = [p for p in parts if p is not None] or [finish_columns({}, 0)]
     data: Columns = {}
     for name in ENTRY_COLUMNS:
-        data[name] = _concat_column(name, [p.pop(name) if consume else p[name] for p in parts])
+        data[name] = concat_column(name, [p.pop(name) if consume else p[name] for p in parts])
         if consume and trim:
             release_free_memory()  # the pieces just freed are small heap blocks: hand their pages back
     return data
 
 
-def _concat_column(name: str, pieces: list[Any]) -> Any:
+def concat_column(name: str, pieces: list[Any]) -> Any:
     """One column of several parts, joined: codes unified, arrays concatenated."""
     if all(isinstance(p, AllNull) for p in pieces):
         return AllNull(sum(len(p) for p in pieces))

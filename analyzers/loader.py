@@ -26,9 +26,10 @@ from .attempts import NoSuchAttempt, split_attempts
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .jobs import split_jobs
-from .memory import reuse_freed_memory
+from .memory import release_free_memory, reuse_freed_memory
 from .rankdump import FileProblem, RankDump, SideFile
 from .read import rank_from_name, read_path
+from .table_builder import TableBuilder
 from .textutil import ranges
 
 # Below these, a pool's start-up (forking, pickling frames back) costs more than it saves.
@@ -94,6 +95,7 @@ class Batch:
     results: list[RankDump | FileProblem]
     table: Columns | None = None
     spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # index in results -> rows
+    built: bool = False  # the table went into the loader's TableBuilder: `spans` are rows of the whole table
 
 
 def read_batch(names: list[str]) -> Batch:
@@ -120,9 +122,11 @@ def read_batch(names: list[str]) -> Batch:
 
 
 def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None,
-               full_names: bool = False) -> list[Batch]:
+               full_names: bool = False, builder: TableBuilder | None = None) -> list[Batch]:
     """Read every file, in a process pool when the folder is big enough to pay for one.
-    `full_names`: each result's `file` is its path as given, not its name (files of several folders)."""
+    `full_names`: each result's `file` is its path as given, not its name (files of several folders).
+    `builder`: the pool's batch tables are appended to it as they arrive (table_builder.py), in
+    rank order; without one each batch keeps its table."""
     size = sum(_size(p) for p in paths)
     cpus = os.cpu_count() or 1
     if workers is None:
@@ -142,6 +146,8 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
     batches = [names[i:i + size] for i in range(0, len(names), size)]
     shared = SharedMembers()
     out = []
+    if builder is not None:
+        builder.expect(len(batches))
     paused = gc.isenabled()
     if paused:  # each batch unpickles ~10^4 containers: collections would rescan every earlier batch's
         gc.disable()
@@ -150,6 +156,10 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
             for names_read, batch in zip(batches, pool.map(read_batch, batches), strict=True):
                 for n, result in zip(names_read, batch.results, strict=True):
                     _named(shared(result), n, full_names)
+                if builder is not None and batch.table is not None:
+                    start, _ = builder.append(batch.table)
+                    batch.table, batch.built = None, True
+                    batch.spans = {i: (a + start, b + start) for i, (a, b) in batch.spans.items()}
                 out.append(batch)
                 tick(len(batch.results))
     finally:
@@ -164,10 +174,19 @@ def _named(result: RankDump | FileProblem | SideFile, path: str, full: bool) -> 
     return result
 
 
-def merge_batches(batches: list[Batch], chosen: dict[int, RankDump]) -> pd.DataFrame:
-    """The entry table of the chosen dumps, rows ordered by rank (stable: each dump's own order)."""
+def merge_batches(batches: list[Batch], chosen: dict[int, RankDump], builder: TableBuilder | None = None) -> pd.DataFrame:
+    """The entry table of the chosen dumps, rows ordered by rank (stable: each dump's own order).
+    `builder`: what `read_files` appended to it comes first (only the chosen dumps' rows of it)."""
     keep_ids = {id(d) for d in chosen.values()}
     parts: list[Columns] = []
+    from_builder = builder is not None and builder.rows > 0
+    if from_builder:
+        built = builder.finish()
+        spans = [span for b in batches if b.built for i, span in b.spans.items()]
+        kept = [span for b in batches if b.built for i, span in b.spans.items() if id(b.results[i]) in keep_ids]
+        if len(kept) < len(spans):  # another dump of the same rank was preferred, another job's, an older attempt's
+            built = take_rows(built, np.concatenate([np.arange(a, b) for a, b in kept]) if kept else np.empty(0, dtype=np.int64))
+        parts.append(built)
     for batch in batches:
         if batch.table is not None:
             kept = [span for i, span in batch.spans.items() if id(batch.results[i]) in keep_ids]
@@ -180,7 +199,8 @@ def merge_batches(batches: list[Batch], chosen: dict[int, RankDump]) -> pd.DataF
             if isinstance(result, RankDump) and result.entries and id(result) in keep_ids:
                 parts.append(result.entries)
         batch.results = []
-    table = concat_columns(parts, consume=True)
+    # the builder's table alone (the usual case) is the table: joining it would copy it once more
+    table = parts[0] if len(parts) == 1 and from_builder else concat_columns(parts, consume=True)
     ranks = table["rank"]
     if len(ranks) > 1 and bool((ranks[1:] < ranks[:-1]).any()):
         table = take_rows(table, np.argsort(ranks, kind="stable"))  # files not named in rank order
@@ -272,7 +292,8 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
     if on_count is not None:
         on_count(sum(s.count for s in found))
     local = [p for s in found if s.fs is None for p in s.files]
-    batches = read_files(local, workers, progress, full_names=several) if local else []
+    builder = TableBuilder()
+    batches = read_files(local, workers, progress, full_names=several, builder=builder) if local else []
     for s in found:
         if s.fs is not None:  # read in this process: entries stay per dump
             results = sources.read_all(s.fs, s.names, progress)
@@ -297,9 +318,10 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         raise UnusableInput(f"{where}: no readable dump ({lines})")
     notes += _version_notes(dumps)
     notes += _merge_notes(dumps)
-    entries = merge_batches(batches, dumps)
+    entries = merge_batches(batches, dumps, builder)
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
+    release_free_memory()  # what reading left free in the heap (batches unpickled, per-file objects)
     return Dataset(folder=found[0].path if not several else where, dumps=dumps, entries=entries, problems=problems,
                    notes=notes, jobs=split.jobs, attempts=tried.report, folders=[s.given for s in found])
 

@@ -115,22 +115,72 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
 
     The gap (enqueue minus the latest completion of the rank's earlier blocking ops, one clock) is
     the time the rank spent on its own work before arriving: what can make it late by itself.
-    Built from numpy columns gathered once through one index: at 16k ranks this table has tens
-    of millions of rows, and the entry table has ~30 columns it must not copy.
+    Built from numpy columns, a slice of whole ranks at a time (`_rank_slices`): at 16k ranks this
+    table has tens of millions of rows, the entry table has ~30 columns it must not copy, and each
+    full-length temporary would be a quarter of a gigabyte of fresh memory (slow to fault in on a VM).
     """
     is_coll, is_p2p = is_value(entries["kind"], "coll"), is_value(entries["kind"], "p2p")
     enq_col, comp_col = entries["t_enqueue_ns"], entries["t_complete_ns"]
-    mask = ((is_coll | is_p2p) & is_value(entries["state"], "completed") & (_gather(entries["seq"]) >= 0)
+    seq_all = _gather(entries["seq"])
+    mask = ((is_coll | is_p2p) & is_value(entries["state"], "completed") & (seq_all >= 0)
             & ~entries["is_async"].to_numpy(dtype=bool, na_value=False)
             & ~enq_col.isna().to_numpy() & ~comp_col.isna().to_numpy())
     del is_coll
-    rows = np.flatnonzero(mask)
-    del mask
-    rank, enq = _gather(entries["rank"], rows), _gather(enq_col, rows)
-    if len(rows) > 1 and not _ordered(rank, enq):  # entries come by rank in record order: usually sorted
-        order = np.lexsort((enq, rank))
-        rows, rank, enq = rows[order], rank[order], enq[order]
-    comp = _gather(comp_col, rows)
+    rank_all, enq_all, comp_all = _gather(entries["rank"]), _values(enq_col), _values(comp_col)
+    peer_all = _gather(entries["peer"]) if "peer" in entries.columns else np.full(len(entries), -1, dtype=np.int64)
+    group_all, group_names = _codes(entries["group"])
+    op_all, op_names = _codes(entries["op"])
+    n = int(mask.sum())
+    out = {"rank": np.empty(n, dtype=_narrow(rank_all)), "seq": np.empty(n, dtype=_narrow(seq_all)),
+           "peer": np.empty(n, dtype=_narrow(peer_all)), "group": np.empty(n, dtype=group_all.dtype),
+           "op": np.empty(n, dtype=op_all.dtype), "kind": np.empty(n, dtype=np.int8),
+           "t_enqueue_ns": np.empty(n, dtype=np.int64), "t_complete_ns": np.empty(n, dtype=np.int64),
+           "gap_ns": np.empty(n, dtype=np.float64)}
+    at = 0
+    for a, b in _rank_slices(rank_all):
+        rows = np.flatnonzero(mask[a:b]) + a
+        rank, enq = rank_all[rows], enq_all[rows]
+        if len(rows) > 1 and not _ordered(rank, enq):  # entries come by rank in record order: usually sorted
+            order = np.lexsort((enq, rank))
+            rows, rank, enq = rows[order], rank[order], enq[order]
+        comp = comp_all[rows]
+        done = slice(at, at + len(rows))
+        out["gap_ns"][done] = _gaps(rank, enq, comp)
+        out["rank"][done], out["t_enqueue_ns"][done], out["t_complete_ns"][done] = rank, enq, comp
+        for name, column in (("seq", seq_all), ("peer", peer_all), ("group", group_all), ("op", op_all),
+                             ("kind", is_p2p)):
+            out[name][done] = column[rows]
+        at += len(rows)
+    # ranks, sequence numbers and peers in 32 bits where they fit, and no duration column (the
+    # complete-and-enqueue difference, taken where it is used): at 16k ranks this table has ~30
+    # million rows and is alive at the analysis' memory peak
+    return pd.DataFrame({
+        "rank": out["rank"],
+        "group": pd.Categorical.from_codes(out["group"], categories=group_names),
+        "seq": out["seq"],
+        "kind": pd.Categorical.from_codes(out["kind"], categories=pd.Index(["coll", "p2p"], dtype=object)),
+        "op": pd.Categorical.from_codes(out["op"], categories=op_names),
+        "peer": out["peer"],
+        "t_enqueue_ns": out["t_enqueue_ns"], "t_complete_ns": out["t_complete_ns"],
+        "gap_ns": out["gap_ns"],
+    }, copy=False)
+
+
+SLICE_ROWS = 1 << 20  # rows per slice of ranks: its temporaries (~8 MB each) come from the heap and are reused
+
+
+def _rank_slices(rank: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges of whole ranks, about SLICE_ROWS each (one range when rows are not by rank)."""
+    n = len(rank)
+    if n <= SLICE_ROWS or not bool((rank[1:] >= rank[:-1]).all()):
+        return [(0, n)]
+    cuts = np.searchsorted(rank, rank[np.arange(SLICE_ROWS, n, SLICE_ROWS)], side="left")
+    bounds = [0, *sorted({int(c) for c in cuts} - {0}), n]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _gaps(rank: np.ndarray, enq: np.ndarray, comp: np.ndarray) -> np.ndarray:
+    """Each op's compute gap (ns; NaN for a rank's first op): rows by rank, then enqueue time."""
     starts = np.zeros(len(rank), dtype=np.int64)  # each row's first row of its rank
     if len(rank):
         cuts = np.flatnonzero(np.diff(rank)) + 1
@@ -140,33 +190,29 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     gap = np.empty(len(rank), dtype="float64")
     gap[0:1] = np.nan
     np.subtract(enq[1:], busy[:-1], out=gap[1:], casting="unsafe")
-    del busy
     gap[starts == np.arange(len(rank))] = np.nan  # a rank's first op: gap unknown
     # Back-to-back ops (a receive then a send) have no compute between them: such an op is
     # preceded by the rank's latest real compute, so that is the gap it is judged by.
     latest = np.full(len(gap), -1, dtype=np.int64)
     real = np.flatnonzero(gap >= MIN_COMPUTE_NS)
     latest[real] = real
-    del real
     latest = np.maximum.accumulate(latest) if len(latest) else latest  # the latest real compute so far...
     own = latest >= starts  # ... on the same rank
-    gap = np.where(own, gap[np.maximum(latest, 0)], gap)
-    del latest, own, starts
-    group, group_names = _codes(entries["group"])
-    op, op_names = _codes(entries["op"])
-    # ranks, sequence numbers and peers in 32 bits where they fit, and no duration column (the
-    # complete-and-enqueue difference, taken where it is used): at 16k ranks this table has ~30
-    # million rows and is alive at the analysis' memory peak
-    return pd.DataFrame({
-        "rank": _int32(rank),
-        "group": pd.Categorical.from_codes(group[rows], categories=group_names),
-        "seq": _int32(_gather(entries["seq"], rows)),
-        "kind": pd.Categorical.from_codes(is_p2p[rows].astype(np.int8), categories=pd.Index(["coll", "p2p"], dtype=object)),
-        "op": pd.Categorical.from_codes(op[rows], categories=op_names),
-        "peer": _int32(_gather(entries["peer"], rows)) if "peer" in entries.columns else np.full(len(rows), -1, dtype=np.int32),
-        "t_enqueue_ns": enq, "t_complete_ns": comp,
-        "gap_ns": gap,
-    }, copy=False)
+    return np.where(own, gap[np.maximum(latest, 0)], gap)
+
+
+def _narrow(values: np.ndarray) -> type:
+    """int32 when every value fits (ranks, sequence numbers, peers), else int64."""
+    fits = not len(values) or (int(values.min()) >= -(1 << 31) and int(values.max()) < 1 << 31)
+    return np.int32 if fits else np.int64
+
+
+def _values(column: pd.Series) -> np.ndarray:
+    """An Int64 column's values without copying them (nulls hold arbitrary values: mask them first)."""
+    array = column.array
+    if isinstance(array, pd.arrays.IntegerArray) and array.dtype == "Int64":
+        return array._data
+    return column.to_numpy(dtype="int64", na_value=0)
 
 
 def _running_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -197,61 +243,69 @@ def _channels(group_code: np.ndarray, direction: np.ndarray, peer: np.ndarray, p
     """Each row's channel, numbered 0..k-1 in order of first appearance, and each channel's first
     row. A collective's channel is its group, so only the transfers' (group, direction, peer) are
     hashed: the collectives' tens of millions of rows are not."""
-    raw = group_code.astype(np.int64, copy=True)
+    raw = group_code.astype(np.int32, copy=True)  # channels are few: 32 bits for these millions of rows
     if len(p2p):
         raw[p2p] = groups + group_ids([group_code[p2p], direction[p2p], peer[p2p]])
     first = first_rows(raw)
     present = np.flatnonzero(first < len(raw))
     order = present[np.argsort(first[present], kind="stable")]  # raw ids in order of first appearance
-    renumber = np.full(len(first), -1, dtype=np.int64)
+    renumber = np.full(len(first), -1, dtype=np.int32)
     renumber[order] = np.arange(len(order))
     return renumber[raw], first[order]
 
 
-def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.Index]:
+def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, pd.Index]:
     """Which ops belong to complete instances, and each one's instance and channel.
 
     An instance is (group, seq) for a collective, plus the pair for p2p; only complete ones count:
-    every member of a collective, both sides of a transfer. Returns the kept rows of `ops`, their
-    instance ids and channel codes, and the channel labels (made once per channel, not per row).
+    every member of a collective, both sides of a transfer. Returns the kept rows of `ops` (a boolean
+    mask, or None when every row is kept), their instance ids and channel codes, and the channel
+    labels (made once per channel, not per row). Rows are selected by masks, not index arrays, and
+    every full-length temporary is as narrow as its values allow: at 16k ranks each is ~30 million rows.
     """
-    is_send, is_p2p = is_value(ops["op"], "send"), (ops["kind"].cat.codes == 1).to_numpy()
+    is_p2p = (ops["kind"].cat.codes == 1).to_numpy()
+    p2p_all = np.flatnonzero(is_p2p)  # transfers: usually a small share of the rows
+    is_send = is_value(ops["op"], "send")
     peer_all = ops["peer"].to_numpy()
-    usable = np.flatnonzero(~is_p2p | ((is_send | is_value(ops["op"], "recv")) & (peer_all >= 0)))
-    every = len(usable) == len(is_p2p)  # the usual case: no transfer with an unknown peer
+    known = (is_send[p2p_all] | is_value(ops["op"], "recv")[p2p_all]) & (peer_all[p2p_all] >= 0)
+    usable: np.ndarray | None = None  # None: every row (the usual case: no transfer with an unknown peer)
+    if not known.all():
+        usable = np.ones(len(is_p2p), dtype=bool)
+        usable[p2p_all[~known]] = False
+    del p2p_all, known
 
     def take(values: np.ndarray) -> np.ndarray:  # the usable rows (the column itself when that is all)
-        return values if every else values[usable]
+        return values if usable is None else values[usable]
 
     is_send, is_p2p, peer = take(is_send), take(is_p2p), take(peer_all)
-    group_code = take(ops["group"].cat.codes.to_numpy()).astype(np.int32)  # full-length temporaries: 32 bits
-    rank = take(ops["rank"].to_numpy())
-    seq = take(ops["seq"].to_numpy())
+    group_code = take(ops["group"].cat.codes.to_numpy())
+    rank, seq = take(ops["rank"].to_numpy()), take(ops["seq"].to_numpy())
     p2p = np.flatnonzero(is_p2p)  # transfers: (group, src, dst, seq), hashed over these rows only
-    # collectives: (group, seq), a small dense key space; all rows when there are no blocking
-    # transfers (the usual case), read in place instead of gathered
-    coll = np.flatnonzero(~is_p2p) if len(p2p) else slice(None)
-    instance = np.empty(len(is_p2p), dtype=np.int64)
-    coll_ids = dense_ids([group_code[coll], seq[coll]])
-    instance[coll] = coll_ids
-    offset = int(coll_ids.max()) + 1 if len(coll_ids) else 0
-    del coll, coll_ids
+    # collectives: (group, seq), a small dense key space, over the collectives' rows (read in place
+    # when there are no blocking transfers)
     if len(p2p):
+        coll = ~is_p2p
+        instance = np.empty(len(is_p2p), dtype=np.int64)
+        instance[coll] = dense_ids([group_code[coll], seq[coll]])
+        offset = int(instance[coll].max()) + 1 if coll.any() else 0
+        del coll
         sends = is_send[p2p]
         src, dst = np.where(sends, rank[p2p], peer[p2p]), np.where(sends, peer[p2p], rank[p2p])
         instance[p2p] = offset + dense_ids([group_code[p2p], src, dst, seq[p2p]])
         del sends, src, dst
+    else:
+        instance = dense_ids([group_code, seq])
     del rank, seq  # tens of millions of rows: each temporary goes once it has served
     names = np.asarray(ops["group"].cat.categories.astype(str))
-    sizes = np.array([group_sizes.get(str(g), 0) for g in names], dtype="int64")
+    sizes = np.array([group_sizes.get(str(g), 0) for g in names], dtype=np.int32)
     # complete instances, judged per instance (its member count against its group's size, 2 for a
     # transfer), so that no per-row count or size is made
     count = np.bincount(instance)
-    required = np.zeros(len(count), dtype=np.int64)
+    required = np.zeros(len(count), dtype=np.int32)
     if len(sizes):
         required[instance] = sizes[group_code]
     required[instance[p2p]] = 2
-    keep = np.flatnonzero(((count == required) & (count >= 2))[instance])
+    complete = (count == required) & (count >= 2)
     del count, required
     direction = np.zeros(len(is_p2p), dtype=np.int8)
     direction[p2p] = np.where(is_send[p2p], 1, 2)
@@ -259,13 +313,14 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
     labels = pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
                        f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}"
                        for i in first], dtype=object)
-    if len(keep) == len(instance):  # every instance complete: the ids are 0..k-1 already
+    del direction, group_code, peer
+    if complete.all():  # every instance complete: the ids are 0..k-1 already
         return usable, instance, channel, labels
-    kept = instance[keep]
-    present = np.zeros(int(instance.max()) + 1 if len(instance) else 0, dtype=bool)
-    present[kept] = True
-    renumber = np.cumsum(present) - 1  # the complete instances as 0..k-1, in their order
-    return usable[keep], renumber[kept], channel[keep], labels
+    keep = complete[instance]
+    renumber = np.cumsum(complete) - 1  # the complete instances as 0..k-1, in their order
+    if usable is not None:
+        usable[usable] = keep  # the usable rows, narrowed to those kept
+    return usable if usable is not None else keep, renumber[instance[keep]], channel[keep], labels
 
 
 LATENESS_COLUMNS = ("rank", "group", "seq", "op", "t_enqueue_ns", "t_complete_ns")
@@ -282,14 +337,15 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     """
     ops = _blocking_ops(entries)
     rows, instance, channel, labels = _instances(ops, group_sizes) if len(ops) else (
-        np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), pd.Index([], dtype=object))
-    gap = ops["gap_ns"].to_numpy()[rows]
-    # one gather, of the columns kept; ranks, sequence numbers and instances in 32 bits (a third
-    # of a gigabyte less at 16k ranks: this table stays as long as the analysis)
-    small = {name: _int32(ops[name].to_numpy()[rows]) for name in ("rank", "seq")}
-    done = pd.DataFrame({name: small[name] if name in small else ops[name].array.take(rows)
-                         for name in LATENESS_COLUMNS}, copy=False)
-    del ops, small, rows
+        None, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), pd.Index([], dtype=object))
+    # the kept rows of each column (the column itself when every row is kept); ranks and sequence
+    # numbers come in 32 bits where they fit (_blocking_ops), instances too: this table stays as long
+    # as the analysis
+    columns = {name: ops[name].array if rows is None else ops[name].array[rows] for name in (*LATENESS_COLUMNS, "gap_ns")}
+    del ops, rows
+    gap = np.asarray(columns.pop("gap_ns"))
+    done = pd.DataFrame(columns, copy=False)
+    del columns
     done["instance"] = _int32(instance)
     done["channel"] = pd.Categorical.from_codes(channel, categories=labels)  # one label per (group, direction, peer)
     del channel

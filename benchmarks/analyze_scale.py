@@ -58,6 +58,9 @@ print(json.dumps({{
     "import_s": t1 - t0, "load_s": t2 - t1, "analysis_s": t3 - t2, "entries": int(len(data.entries)),
     "self_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     "workers_rss_gb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+    "user_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime, "sys_s": resource.getrusage(resource.RUSAGE_SELF).ru_stime,
+    "workers_user_s": resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime,
+    "workers_sys_s": resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime,
     "errors": synth.check(report, {ranks}, {fault!r}, {pp!r}), "summary": report["summary"],
 }}))
 """

@@ -256,9 +256,11 @@ def test_scattered_reductions_equal_pandas_transforms(data) -> None:  # noqa: AN
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_compute_gaps_equal_the_per_rank_group_by(data) -> None:  # noqa: ANN001
-    """The segmented numpy passes of `_blocking_ops` give the per-rank cummax / forward-fill of pandas."""
+    """The segmented numpy passes of `_blocking_ops` give the per-rank cummax / forward-fill of pandas,
+    whether the rows are taken in one slice or in slices of a few ranks."""
     import numpy as np
 
+    from analyzers import stragglers
     from analyzers.stragglers import MIN_COMPUTE_NS, _blocking_ops
 
     n = data.draw(st.integers(1, 40))
@@ -270,7 +272,12 @@ def test_compute_gaps_equal_the_per_rank_group_by(data) -> None:  # noqa: ANN001
         "op": pd.Categorical(["all_reduce"] * n), "peer": -1, "state": pd.Categorical(["completed"] * n),
         "is_async": False, "t_enqueue_ns": pd.array(enq, dtype="Int64"), "t_complete_ns": pd.array(enq + dur, dtype="Int64"),
     })
-    ops = _blocking_ops(entries)
+    whole = stragglers.SLICE_ROWS
+    stragglers.SLICE_ROWS = data.draw(st.sampled_from([whole, 1, 5]))
+    try:
+        ops = _blocking_ops(entries)
+    finally:
+        stragglers.SLICE_ROWS = whole
     busy = ops.groupby("rank", sort=False)["t_complete_ns"].cummax().to_numpy().astype("float64")
     before = np.concatenate([[np.nan], busy[:-1]])
     before[np.flatnonzero(np.diff(ops["rank"].to_numpy())) + 1] = np.nan
@@ -365,3 +372,17 @@ def test_packed_order_is_lexsorts(data):
     pool = st.sampled_from([0.0, 1.0, 3.0, 2.5, 1e15, 7e18, np.inf]) if data.draw(st.booleans()) else st.integers(0, 9).map(float)
     values = np.array(data.draw(st.lists(pool, min_size=n, max_size=n)), dtype=np.float64)
     assert _order_by(key, values).tolist() == np.lexsort((values, key)).tolist()
+
+
+def test_slices_of_ranks_give_the_whole_pass(monkeypatch) -> None:  # noqa: ANN001
+    """`_blocking_ops` reads the entries a slice of whole ranks at a time: the timing result is the one
+    reading them at once gives, however the ranks are cut."""
+    from analyzers import stragglers
+
+    a = analyzers.load(GOLDEN / "straggler_20")
+    whole = a.slow
+    monkeypatch.setattr(stragglers, "SLICE_ROWS", 7)
+    assert len(stragglers._rank_slices(a.entries["rank"].to_numpy())) == a.entries["rank"].nunique() > 1
+    sliced = analyzers.load(GOLDEN / "straggler_20").slow
+    pd.testing.assert_frame_equal(whole.lateness, sliced.lateness)
+    assert whole.stragglers == sliced.stragglers and whole.stragglers
