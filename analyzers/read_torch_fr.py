@@ -639,7 +639,7 @@ def _default_group(groups: list[GroupInfo], meta: dict[str, Any]) -> None:
 
 def _global_peers(group: list[str], local: list[str | None], is_p2p: np.ndarray, groups: list[GroupInfo]) -> np.ndarray:
     """Group-local peer numbers of `send a->b` / `recv a<-b` to global ranks (-1 when unknown), per op."""
-    members = {g.name: sorted(g.ranks) if g.ranks else None for g in groups}
+    members = {g.name: _sorted_ranks(g.ranks) if g.ranks else None for g in groups}
     peer = np.full(len(group), -1, dtype=np.int64)
     for i, (name, b) in enumerate(zip(group, local, strict=True)):
         if not is_p2p[i] or b is None:
@@ -650,6 +650,22 @@ def _global_peers(group: list[str], local: list[str | None], is_p2p: np.ndarray,
         elif name in DEFAULT_GROUP_NAMES:
             peer[i] = int(b)
     return peer
+
+
+def _sorted_ranks(ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """`ranks` sorted, once per member tuple: every rank's dump lists the world group's 16,384 members
+    (the same tuple object for the same text, `_ranks_text`), and a reader sorts each only once."""
+    known = _SORTED.get(id(ranks))
+    if known is not None and known[0] is ranks:
+        return known[1]
+    if len(_SORTED) >= SHARED_MAX:
+        _SORTED.clear()
+    done = tuple(sorted(ranks))
+    _SORTED[id(ranks)] = (ranks, done)  # the tuple is held: its id stays its own
+    return done
+
+
+_SORTED: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
 
 def _sites(frames: list[Any] | None, count: int) -> tuple[np.ndarray, np.ndarray]:

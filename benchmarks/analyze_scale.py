@@ -272,6 +272,10 @@ def table(sizes: list[int], a: argparse.Namespace, pp: int | None, title: str) -
               f"{(f'{ratio:.1f}x' if ratio else '-'):>6} {fp_txt}", flush=True)
         if fp_ok and fp["errors"]:
             print(f"{'':>6} flightrec on PyTorch format: {'; '.join(fp['errors'])}", flush=True)
+        for label, run in (("flightrec", f), ("flightrec on PyTorch format", fp)):
+            if "sys_s" in run:  # page faults of fresh memory show as system time (costly on a VM)
+                print(f"{'':>6} {label}'s own CPU: {run['user_s']:.1f} s user, {run['sys_s']:.1f} s system; its "
+                      f"readers' {run['workers_user_s']:.1f} s user, {run['workers_sys_s']:.1f} s system", flush=True)
         if f.get("stolen") is not None:
             print(f"{'':>6} CPU time the hypervisor gave to other machines during flightrec's run: {100 * f['stolen']:.0f}%"
                   + (" (a slow minute: the figures above are inflated)" if f["stolen"] >= 0.10 else ""), flush=True)

@@ -14,7 +14,6 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -206,11 +205,6 @@ def _with_ops(threads: list[dict[str, Any]], rec: Recorder) -> list[dict[str, An
     return threads
 
 
-# Tests only: called with the temporary file's path once it is complete and synced, before the
-# rename, so a test can kill the process inside that window (tests/reliability).
-before_rename: Callable[[str], None] | None = None
-
-
 def write_dump(payload: dict[str, Any], folder: str, replace: bool = True) -> str | None:
     """Write `payload` as folder/rank-NNNNN.json.gz (`dump_filename`) via a temporary file and a rename.
 
@@ -234,8 +228,6 @@ def write_dump(payload: dict[str, Any], folder: str, replace: bool = True) -> st
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if before_rename is not None:
-            before_rename(tmp)
         if replace:
             os.replace(tmp, final)
         else:

@@ -7,6 +7,7 @@ reduce op) without `inspect.signature().bind`, which would cost more than the wh
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,26 +56,24 @@ class OpSpec:
     def reader(self, names: tuple[str | None, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]:
         """A fast reader of exactly seven parameters (None for names the API does not take).
 
-        Calls without keyword arguments, the common case, cost one tuple build and no loop.
+        Calls without keyword arguments, the common case, cost one tuple concatenation and one
+        itemgetter call: the arguments followed by the seven defaults, picked by a getter made for
+        that number of positional arguments (a generic reader's seven length checks would cost as
+        much as the rest of the record).
         """
         if len(names) != 7:
             raise ValueError("reader() reads exactly seven parameters")
         indexes = [self.positions.get(n, -1) if n else -1 for n in names]
-        defaults = {f"d{i}": self.defaults.get(n) if n else None for i, n in enumerate(names)}
+        defaults = tuple(self.defaults.get(n) if n else None for n in names)
+        getters = tuple(operator.itemgetter(*[i if 0 <= i < count else count + k for k, i in enumerate(indexes)])
+                        for count in range(max(indexes) + 2))
         arg = self.arg
-        # One branch per positional-argument count, each a tuple of fixed indexes and defaults:
-        # generated because a generic reader's seven length checks cost as much as the rest of it.
-        lines = ["def read(args, kwargs):",
-                 "    if kwargs:",
-                 "        return tuple(arg(args, kwargs, n) if n else None for n in names)",
-                 "    n = len(args)"]
-        for count in range(max(indexes) + 2):
-            items = ", ".join(f"args[{i}]" if 0 <= i < count else f"d{k}" for k, i in enumerate(indexes))
-            lines.append(f"    if n == {count}:\n        return ({items})")
-        lines.append("    return tuple(arg(args, kwargs, n) if n else None for n in names)")
-        namespace: dict[str, Any] = {"arg": arg, "names": names, **defaults}
-        exec("\n".join(lines), namespace)  # noqa: S102 - source built above from parameter positions
-        read: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]] = namespace["read"]
+
+        def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+            if kwargs or len(args) >= len(getters):
+                return tuple(arg(args, kwargs, n) if n else None for n in names)
+            return getters[len(args)](args + defaults)  # type: ignore[no-any-return]
+
         return read
 
 

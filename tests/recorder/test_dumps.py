@@ -198,16 +198,17 @@ def test_sigterm_inside_a_dump_of_the_same_thread_does_not_deadlock(tmp_path: Pa
 import os, signal, sys
 sys.path.insert(0, {str(ROOT)!r})
 import flightrec, torch, torch.distributed as dist
-from flightrec import dumper
 flightrec.enable(dir={str(tmp_path)!r})
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 dist.all_reduce(torch.ones(2))
 fired = []
-def term_during_write(tmp):
-    if not fired:
-        fired.append(tmp)
-        os.kill(os.getpid(), signal.SIGTERM)  # handled by Python before write_dump's next bytecode
-dumper.before_rename = term_during_write
+rename = os.replace
+def term_during_write(src, dst):  # the dump is written and synced, not yet renamed
+    if not fired and src.endswith(".tmp"):
+        fired.append(src)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by Python before the next bytecode, inside write_dump
+    rename(src, dst)
+os.replace = term_during_write
 flightrec.dump("first")
 print("survived the signal", flush=True)
 """

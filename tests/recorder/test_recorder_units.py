@@ -430,3 +430,25 @@ def test_default_group_is_described_where_the_start_up_hook_arms() -> None:
                          timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "[0]", "0"]
+
+
+def test_every_api_reader_reads_what_its_spec_says() -> None:
+    """The recorder's per-API reader (one itemgetter per positional count) gives, for every API and any
+    number of positional arguments with or without keywords, what reading each parameter by name gives."""
+    import torch.distributed as dist
+
+    from flightrec.ops import SPECS
+
+    for base in SPECS:
+        fn = getattr(dist, base.api, None)
+        if fn is None:
+            continue
+        spec = base.bind_positions(fn)
+        names = spec.read_names()
+        read = spec.reader(names)
+        params = list(spec.positions)
+        for count in range(len(params) + 2):
+            args = tuple(f"arg{i}" for i in range(count))
+            for kwargs in ({}, {params[-1]: "by-name"} if params and count < len(params) else {}):
+                expected = tuple(spec.arg(args, kwargs, n) if n else None for n in names)
+                assert read(args, kwargs) == expected, (spec.api, count, kwargs)

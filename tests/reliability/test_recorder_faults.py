@@ -29,7 +29,7 @@ def _python(code: str, timeout: float = 60, **env: str) -> subprocess.CompletedP
 KILLED_MID_WRITE = """
 import os, sys, time
 import torch, torch.distributed as dist
-import flightrec, flightrec.dumper as dumper
+import flightrec
 flightrec.enable(dir=sys.argv[1], timeout_s=60)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 for _ in range(3):
@@ -38,12 +38,16 @@ assert flightrec.dump("first")
 for _ in range(4):
     dist.all_reduce(torch.ones(2))
 
-def stall(tmp):
-    with open(sys.argv[2], "w") as handle:
-        handle.write(tmp)
-    time.sleep(60)
+rename = os.replace
 
-dumper.before_rename = stall
+def stall_before_rename(src, dst):  # the window between the synced temporary file and its rename
+    if src.endswith(".tmp"):
+        with open(sys.argv[2], "w") as handle:
+            handle.write(src)
+        time.sleep(60)
+    rename(src, dst)
+
+os.replace = stall_before_rename
 flightrec.dump("second")
 """
 
