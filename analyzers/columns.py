@@ -263,9 +263,9 @@ def dtype_text(text: str) -> str:
     return text.strip("[]").replace("'", "").replace('"', "").replace(" ", "")
 
 
-def decode_schema2(cols: dict[str, Any], n: int) -> Columns:
-    """Schema 2's dictionary-encoded columns (`{"values": [...], "codes": [...]}`) as `Coded`, or as
-    object arrays for the free-text columns; plain arrays pass through."""
+def decode_coded(cols: dict[str, Any], n: int) -> Columns:
+    """Dictionary-encoded columns (`{"values": [...], "codes": [...]}`) as `Coded`, or as object arrays
+    for the free-text columns; plain arrays pass through."""
     out: Columns = {}
     for name, raw in cols.items():
         if not isinstance(raw, dict):
@@ -294,7 +294,7 @@ def decode_schema2(cols: dict[str, Any], n: int) -> Columns:
 
 
 def split_templates(cols: dict[str, Any], templates: dict[str, Any], n: int) -> tuple[Columns, Columns, np.ndarray, int]:
-    """Schema 3, checked and decoded but not yet taken onto the entries: the per-entry columns, the
+    """A dump's entries and templates, checked and decoded but not yet taken onto the entries: the per-entry columns, the
     template columns (`count` rows each), and each entry's template row (`which`)."""
     both = sorted(set(cols) & set(templates) - {"template"})
     if both:
@@ -315,7 +315,7 @@ def split_templates(cols: dict[str, Any], templates: dict[str, Any], n: int) -> 
         raise ValueError(f"column 'template' has {len(which)} codes for {n} entries")
     if n and templates and (int(which.min()) < 0 or int(which.max()) >= count):
         raise ValueError(f"column 'template' has codes outside its {count} templates")
-    return decode_schema2({k: v for k, v in cols.items() if k != "template"}, n), _decode_templates(templates, count), which, count
+    return decode_coded({k: v for k, v in cols.items() if k != "template"}, n), _decode_templates(templates, count), which, count
 
 
 MEMO_LIMIT = 4096  # entries per reader-process memo before it starts over
@@ -323,22 +323,22 @@ _TEMPLATE_MEMO: dict[tuple[str, int, bytes], Any] = {}
 
 
 def _decode_templates(templates: dict[str, Any], count: int) -> Columns:
-    """`decode_schema2` of a templates table, each column remembered by its content. Ranks of one role
+    """`decode_coded` of a templates table, each column remembered by its content. Ranks of one role
     have the same ops, so a reader decodes each distinct column once, and the ranks' columns share one
     list of strings: the merge then unions each shared list once instead of once per rank. The
     decoded values are shared, so nothing downstream may change them in place."""
     if _orjson is None:
-        return decode_schema2(templates, count)
+        return decode_coded(templates, count)
     out: Columns = {}
     for name, raw in templates.items():
         try:
             key = (name, count, _orjson.dumps(raw, option=_orjson.OPT_SERIALIZE_NUMPY))
         except TypeError:  # something orjson cannot serialise: decoded (and checked) without the memo
-            out.update(decode_schema2({name: raw}, count))
+            out.update(decode_coded({name: raw}, count))
             continue
         value = _TEMPLATE_MEMO.get(key)
         if value is None:
-            value = decode_schema2({name: raw}, count)[name]
+            value = decode_coded({name: raw}, count)[name]
             if len(_TEMPLATE_MEMO) >= MEMO_LIMIT:
                 _TEMPLATE_MEMO.clear()
             _TEMPLATE_MEMO[key] = value
@@ -346,12 +346,12 @@ def _decode_templates(templates: dict[str, Any], count: int) -> Columns:
     return out
 
 
-_PACKED_DTYPES = {name: np.dtype(name) for name in ("<i1", "<i2", "<i4", "<i8")}  # <i1, <i2: schema 5
+_PACKED_DTYPES = {name: np.dtype(name) for name in ("<i1", "<i2", "<i4", "<i8")}
 
 
 def unpack(column: dict[str, Any], name: str) -> Any:
-    """A packed integer column (schemas 4 to 6) (flightrec/packed.py) as int64, in a few numpy calls:
-    hex bytes of little-endian differences, summed from `start` (schema 6; 0 before); `nulls`
+    """A packed integer column (flightrec/packed.py) as int64, in a few numpy calls:
+    hex bytes of little-endian differences, summed from `start`; `nulls`
     positions masked (an Int64 array)."""
     dtype = _PACKED_DTYPES.get(column.get("dtype"))  # type: ignore[arg-type]
     data = column.get("data")
@@ -430,7 +430,7 @@ def finish_column(name: str, raw: Any, n: int) -> Any:
 
 @dataclass
 class Templated:
-    """One rank's entries with its template columns not yet taken onto them (schema 3 and later).
+    """One rank's entries with its template columns not yet taken onto them.
 
     Why: taking ~15 template columns onto 2,000 entries, normalising ~30 columns and merging them
     cost a reader ~0.6 ms per file in per-column calls; a batch of ranks does each once for the
@@ -513,7 +513,7 @@ def nullable_ints(raw: Any, n: int) -> Any:
         return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
     if isinstance(raw, pd.arrays.IntegerArray) and raw.dtype == "Int64":
         return raw
-    if isinstance(raw, np.ndarray) and raw.dtype == np.int64:  # unpacked (schema 4): no nulls
+    if isinstance(raw, np.ndarray) and raw.dtype == np.int64:  # unpacked: no nulls
         return pd.arrays.IntegerArray(raw, np.zeros(len(raw), dtype=bool))
     if isinstance(raw, list):
         try:  # the common case: no nulls, ints straight into numpy (a null raises TypeError)

@@ -45,7 +45,7 @@ FMT_FLIGHTREC = "flightrec"
 FMT_TORCH_PICKLE = "torch_fr_pickle"
 FMT_TORCH_JSON = "torch_fr_json"
 
-SUPPORTED_FLIGHTREC_SCHEMAS = (1, 2, 3, 4, 5, 6)
+SUPPORTED_FLIGHTREC_SCHEMAS = (6,)  # the one schema the recorder writes (docs/dump-format.md)
 
 # Op families for the shape rules of the matcher. Names cover both the flightrec vocabulary and the
 # one of PyTorch's recorder (`nccl:_all_gather_base`, `gloo:all_gather`, ...).

@@ -114,7 +114,7 @@ def read_batch(names: list[str]) -> Batch:
             result.entries = {}
     if not parts:
         return Batch(results, None, spans)
-    if all(isinstance(p, Templated) for p in parts):  # flightrec dumps of schema 3 on: templates taken on at once
+    if all(isinstance(p, Templated) for p in parts):  # flightrec dumps: templates taken on at once
         table = expand_batch(parts)  # type: ignore[arg-type]
     else:  # other formats among them: each expanded alone, rows kept in file order
         table = concat_columns([expand_batch([p]) if isinstance(p, Templated) else p for p in parts], consume=True, trim=False)

@@ -1,13 +1,10 @@
-"""Reader for flightrec's own dumps (docs/dump-format.md, schema versions 1 to 6).
+"""Reader for flightrec's own dumps (docs/dump-format.md).
 
 Why: the dump is already column-oriented, so it becomes a DataFrame without a per-entry Python loop;
 this module only validates the top level and turns lists (shapes, dtypes) into comparable text.
-Schema 2 stores text columns dictionary-encoded, so that text is made once per distinct value and
-the codes go straight into numpy (about 5x less work per file than schema 1's lists of values);
-schema 3 stores each distinct op once in `templates`, which halves it again; schema 4 packs the
-integer columns into hex strings, so their numbers are never Python ints at all; schema 5 packs
-each in the narrowest integer type that holds it; schema 6 counts a column's differences from its
-first value, so that a large first value (a timestamp) does not widen the whole column.
+Text columns are dictionary-encoded (text is made once per distinct value, the codes go straight
+into numpy), each distinct op is stored once in `templates`, and the integer columns are packed
+into hex strings (flightrec/packed.py), so their numbers are never Python ints at all.
 """
 
 from __future__ import annotations
@@ -20,11 +17,9 @@ from .columns import (
     Coded,
     Columns,
     Templated,
-    decode_schema2,
     dtype_text,
     encode,
     expand_batch,
-    finish_columns,
     recode,
     split_templates,
     text_column,
@@ -77,9 +72,9 @@ def is_flightrec(obj: Any) -> bool:
 
 
 def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = False) -> RankDump:
-    """Validate and normalise one decoded flightrec dump. `lazy`: from schema 3 on, leave the
-    entries as `Templated` (template columns not yet taken onto them) for a reader that expands a
-    batch of ranks at once (columns.expand_batch)."""
+    """Validate and normalise one decoded flightrec dump. `lazy`: leave the entries as `Templated`
+    (template columns not yet taken onto them) for a reader that expands a batch of ranks at once
+    (columns.expand_batch)."""
     version = obj.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise DumpError(f"flightrec dump without an integer schema_version (got {version!r})")
@@ -97,8 +92,8 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
         if isinstance(value, int) and value >= MAX_RANKS:
             raise DumpError(f"implausible {what} {str(value)[:24]} (more than {MAX_RANKS} ranks)")
     try:
-        cols = _table(obj, "entries", version)
-        templates = _table(obj, "templates", version) if version >= 3 else {}
+        cols = _table(obj, "entries")
+        templates = _table(obj, "templates")
     except ValueError as exc:
         raise DumpError(f"bad entries: {exc}") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in cols and c not in templates]
@@ -108,16 +103,13 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
         raise DumpError(f"entries lack column(s) {', '.join(missing)}")
     try:
         entries: Columns | Templated
-        if version >= 3:  # one path: a lone file is a batch of one
-            per_entry, table, which, count = split_templates(cols, templates, n)
-            lengths = {len(v) for v in per_entry.values() if v is not None and not np.isscalar(v)} | ({n} if table else set())
-            if len(lengths) > 1:  # as finish_columns says it
-                raise ValueError(f"entry columns have different lengths {sorted(lengths)}")
-            entries = Templated(rank, n, _normalise(per_entry), _normalise(table), which, count)
-            if not lazy:
-                entries = expand_batch([entries])
-        else:
-            entries = finish_columns(_normalise(decode_schema2(cols, n) if version >= 2 else cols), rank)
+        per_entry, table, which, count = split_templates(cols, templates, n)  # a lone file is a batch of one
+        lengths = {len(v) for v in per_entry.values() if v is not None and not np.isscalar(v)} | ({n} if table else set())
+        if len(lengths) > 1:  # as finish_columns says it
+            raise ValueError(f"entry columns have different lengths {sorted(lengths)}")
+        entries = Templated(rank, n, _normalise(per_entry), _normalise(table), which, count)
+        if not lazy:
+            entries = expand_batch([entries])
     except (ValueError, TypeError, IndexError) as exc:
         raise DumpError(f"bad entries: {exc}") from None
 
@@ -156,21 +148,16 @@ def _not_recorded_notes(obj: dict[str, Any]) -> list[str]:
             if isinstance(x, dict) and isinstance(x.get("what"), str)]
 
 
-def _table(obj: dict[str, Any], key: str, version: int) -> dict[str, Any]:
-    """`entries` or `templates`: an object of columns, each an array (or, from schema 2, coded; from
-    schema 4, an integer array or codes may be packed, and are unpacked here)."""
+def _table(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    """`entries` or `templates`: an object of columns, each an array, a packed integer array or a
+    {values, codes} object (codes possibly packed); packed ones are unpacked here."""
     cols = obj.get(key)
     if not isinstance(cols, dict):
         raise DumpError(f"`{key}` is not an object of columns")
-    packed = version >= 4
-    not_lists = [str(k) for k, v in cols.items()
-                 if not isinstance(v, list) and not (version >= 2 and _is_coded(v, packed)) and not (packed and _is_packed(v))]
+    not_lists = [str(k) for k, v in cols.items() if not isinstance(v, list) and not _is_coded(v) and not _is_packed(v)]
     if not_lists:
-        what = "arrays or {values, codes} objects" if version >= 2 else "arrays"
-        what = "arrays, packed arrays or {values, codes} objects" if packed else what
-        raise DumpError(f"{key} column(s) {', '.join(not_lists[:5])[:120]} are not {what}")
-    if not packed:
-        return cols
+        raise DumpError(f"{key} column(s) {', '.join(not_lists[:5])[:120]} are not arrays, packed arrays or "
+                        "{values, codes} objects")
     out = dict(cols)
     for name, value in cols.items():
         if _is_packed(value):
@@ -184,9 +171,9 @@ def _is_packed(value: Any) -> bool:
     return isinstance(value, dict) and value.get("encoding") == PACKED_ENCODING
 
 
-def _is_coded(value: Any, packed: bool = False) -> bool:
+def _is_coded(value: Any) -> bool:
     return (isinstance(value, dict) and isinstance(value.get("values"), list)
-            and (isinstance(value.get("codes"), list) or (packed and _is_packed(value.get("codes")))))
+            and (isinstance(value.get("codes"), list) or _is_packed(value.get("codes"))))
 
 
 _DTYPE_TEXTS: dict[tuple[str, ...], Coded] = {}  # per reader process: dtype lists rewritten once (columns.recode)
@@ -198,7 +185,7 @@ def _normalise(cols: dict[str, Any]) -> dict[str, Any]:
         if name in cols:
             out[name] = text_column(cols[name])
     for name in ("in_dtypes", "out_dtypes"):
-        if name in cols:  # schema 2: already coded, rewritten per distinct value
+        if name in cols:  # already coded: rewritten per distinct value
             out[name] = recode(encode(cols[name]), _dtypes, _DTYPE_TEXTS)
     return out
 
@@ -241,7 +228,7 @@ _RANGES_SEEN: dict[tuple[int, int, int], tuple[int, ...]] = {}  # per reader pro
 
 
 def _range_members(spec: dict[str, Any], group: str) -> tuple[int, ...]:
-    """Schema 3's `{"start", "stop", "step"}` members (Python's range), checked, one tuple per range."""
+    """`{"start", "stop", "step"}` members (Python's range), checked, one tuple per range."""
     bounds = (spec.get("start"), spec.get("stop"), spec.get("step", 1))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in bounds) or bounds[2] <= 0:
         raise DumpError(f"group {group[:40]!r} has a bad member range {str(spec)[:80]}")

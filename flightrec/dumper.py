@@ -23,10 +23,8 @@ from . import compat, fastpath, launchers, log, peek, torch_fr
 from .entry import Entry, to_tables
 from .progress import group_progress
 from .recorder import Recorder
+from .schema import FORMAT, SCHEMA_VERSION
 from .stacks import all_thread_stacks
-
-SCHEMA_VERSION = 6
-FORMAT = "flightrec-dump"
 
 
 def dump_filename(rank: int, attempt: int = 0) -> str:

@@ -129,7 +129,7 @@ def _site_key(site: Any) -> Any:
     return None if site is None else (id(site[0]), site[1])  # the entry keeps the code object alive
 
 
-# Columns stored dictionary-encoded (schema 2): (key of a row, its value). The key is what the hot
+# Columns stored dictionary-encoded: (key of a row, its value). The key is what the hot
 # path kept (a tensor's Size and dtype, a code object and offset), so each distinct value is turned
 # into text once per dump, not once per entry.
 _CODED: dict[str, tuple[Callable[[Entry], Any], Callable[[Entry], Any]]] = {
@@ -175,7 +175,7 @@ def coded_column(entries: list[Entry], key: Callable[[Entry], Any], value: Calla
     return {"values": values, "codes": codes}
 
 
-# Schema 3: what an op *is* (its group, op, peer, payload, call site, thread) is stored once per
+# What an op *is* (its group, op, peer, payload, call site, thread) is stored once per
 # distinct combination in `templates`; `entries` keeps only what changes from one op to the next.
 TEMPLATE_COLUMNS = (
     "group", "kind", "op", "api", "peer", "root", "reduce_op", "in_shapes", "in_dtypes", "out_shapes",
@@ -238,11 +238,10 @@ _TIME_COLUMNS = frozenset(("t_enqueue_ns", "t_complete_ns", "t_seen_ns", "t_seen
 
 
 def to_tables(entries: list[Entry], measured: dict[int, bool] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The dump's `entries` and `templates` (schema 3, docs/dump-format.md).
+    """The dump's `entries` and `templates` (docs/dump-format.md).
 
     Why: a 2,000-entry ring repeats a few dozen distinct ops; written once each, the per-entry part
-    is six short number columns, and every reader parses about a third of what schema 2 made it parse.
-    Schema 4 packs those number columns (flightrec/packed.py): one hex string each, not 2,000 numbers.
+    is six short number columns, packed (flightrec/packed.py): one hex string each, not 2,000 numbers.
     """
     templates = coded_column(entries, _template_key, lambda e: e)  # the first entry of each distinct op
     columns = _columns(entries, ENTRY_COLUMNS, packed=True, measured=measured)

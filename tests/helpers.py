@@ -99,9 +99,9 @@ DEFAULTS = {"peer": -1, "root": -1, "unit": -1, "is_async": False}  # what a lef
 
 def columns(dump: dict[str, Any]) -> dict[str, list[Any]]:
     """The entry columns as plain lists, decoded the way docs/dump-format.md tells any reader to:
-    `{"values", "codes"}` columns expanded, schema 3's `templates` taken onto each entry through
+    `{"values", "codes"}` columns expanded, `templates` taken onto each entry through
     `entries.template`, left-out columns as their default (null for most)."""
-    cols = {k: plain(v) for k, v in dump["entries"].items()}  # schemas 4 and 5: packed arrays unpacked
+    cols = {k: plain(v) for k, v in dump["entries"].items()}  # packed arrays unpacked
     n = len(cols["id"])
     templates = {k: plain(v) for k, v in (dump.get("templates") or {}).items()}
     which = cols.get("template", [])

@@ -8,11 +8,13 @@ import os
 import pickle
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 import analyzers
 from analyzers.cli import analyze_command
 from fixtures.builders import Job
+from flightrec.packed import plain
 
 
 class Evil:
@@ -61,13 +63,14 @@ def test_invalid_json(tmp_path):
     assert reasons["rank-00003.json.gz"].startswith("invalid gzip JSON")
 
 
-def test_wrong_schema_version(tmp_path):
+@pytest.mark.parametrize("version", [1, 5, 7])  # 1 to 5: never released steps towards 6
+def test_wrong_schema_version(tmp_path, version):
     job = Job(2)
     job.collective("0", "all_reduce")
-    job.set(1, schema_version=7)
+    job.set(1, schema_version=version)
     folder = job.write(tmp_path / "d")
     report = analyzers.load(folder).report()
-    assert _unreadable(report) == {"rank-00001.json.gz": "unsupported flightrec schema_version 7 (this analyzer reads 1, 2, 3, 4, 5 and 6)"}
+    assert _unreadable(report) == {"rank-00001.json.gz": f"unsupported flightrec schema_version {version} (this analyzer reads 6)"}
     assert report["ranks"]["unreadable"] == [1]
 
 
@@ -93,7 +96,7 @@ def test_unequal_columns(tmp_path):
     job.collective("0", "all_reduce")
     folder = job.write(tmp_path / "d")
     dump = job.dump(1)
-    dump["entries"]["seq"].append(9)
+    dump["entries"]["seq"] = [*plain(dump["entries"]["seq"]), 9]
     (folder / "rank-00001.json.gz").write_bytes(gzip.compress(json.dumps(dump).encode()))
     assert "different lengths" in _unreadable(analyzers.load(folder).report())["rank-00001.json.gz"]
 

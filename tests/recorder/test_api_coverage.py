@@ -177,7 +177,7 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     assert sub and sub[0]["rank_in_group"] == 1
     assert dump["clock"]["wall_ns"] > dump["clock"]["mono_ns"] > 0
     assert any(t["is_main"] for t in dump["threads"])
-    # schemas 4 to 6: every integer column of `entries` (and the codes of its coded columns) is packed;
+    # every integer column of `entries` (and the codes of its coded columns) is packed;
     # 6: counted from its first value, so a timestamp (~10^11 ns after boot) does not widen its column
     assert all(is_packed(v) or is_packed(v.get("codes")) for v in dump["entries"].values())
     enqueued = dump["entries"]["t_enqueue_ns"]

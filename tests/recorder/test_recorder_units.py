@@ -268,7 +268,7 @@ def test_templates_hold_each_distinct_op_once_and_defaults_are_left_out() -> Non
     for e in colls:
         e.state, e.t_enqueue_ns, e.t_complete_ns = "completed", 10 + e.id, 20 + e.id
     packed, templates = to_tables(colls)
-    assert all(is_packed(v) or is_packed(v["codes"]) for v in packed.values())  # schemas 4 to 6: integers packed
+    assert all(is_packed(v) or is_packed(v["codes"]) for v in packed.values())  # integers packed
     cols = {k: plain(v) for k, v in packed.items()}
     assert cols["template"] == [0, 0, 0] and templates["op"] == {"values": ["all_reduce"], "codes": [0]}
     assert not {"peer", "root", "is_async"} & set(templates) and not {"unit", "error", "stack"} & set(cols)
