@@ -19,7 +19,6 @@ from . import groups as groups_mod
 from . import jobs as jobs_mod
 from . import stackview
 from .causes import CauseResult, build_graph, find_causes
-from .columns import Transfers, first_rows, ids_within_ranks, pair_transfers
 from .constants import (
     CRASH,
     CRASHED,
@@ -35,12 +34,14 @@ from .constants import (
     SLOW,
 )
 from .failures import Failure, exited_ranks, find_failures
+from .keys import first_rows, ids_within_ranks
 from .loader import Dataset, Folders, Progress, load_folder
 from .matching import MatchResult, match
 from .memory import release_free_memory
 from .rankdump import RankDump
 from .stragglers import SlowResult, find_slow
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
+from .transfers import Transfers, pair_transfers
 from .waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult, find_waits
 
 SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .columns import distinct_rows, first_rows, ids_within_ranks
 from .constants import MAX_RANKS
+from .keys import distinct_rows, first_rows, ids_within_ranks
 from .rankdump import FileProblem, RankDump
 from .textutil import ranges
 

@@ -27,7 +27,7 @@ from .columns import Columns, Templated, concat_columns, expand_batch, slim, tak
 from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .jobs import split_jobs
 from .memory import release_free_memory, reuse_freed_memory
-from .rankdump import FileProblem, RankDump, SideFile
+from .rankdump import FileProblem, RankDump, SharedMembers, SideFile
 from .read import rank_from_name, read_path
 from .table_builder import TableBuilder
 from .textutil import ranges
@@ -205,35 +205,6 @@ def merge_batches(batches: list[Batch], chosen: dict[int, RankDump], builder: Ta
     if len(ranks) > 1 and bool((ranks[1:] < ranks[:-1]).any()):
         table = take_rows(table, np.argsort(ranks, kind="stable"))  # files not named in rank order
     return to_frame(read_torch_fr.renumber_anchored_pairs(table))
-
-
-class SharedMembers:
-    """Makes every dump's copy of a group's member list one shared tuple, as results arrive.
-
-    Why: each rank records the world group's members; 16,384 dumps each holding 16,384 ints would
-    take ~10 GB (ints above 256 are separate objects), one shared tuple takes 0.6 MB.
-    """
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self._by_id: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # id -> (object, shared)
-
-    def __call__(self, result: RankDump | FileProblem) -> RankDump | FileProblem:
-        if isinstance(result, RankDump):
-            for g in result.groups:
-                if g.ranks is not None:
-                    g.ranks = self._share(g.ranks)
-        return result
-
-    def _share(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
-        """Dumps read by one worker already share their tuples: an object seen before is found by
-        its id (held here, so the id cannot be reused), without hashing 16,384 ints per dump."""
-        known = self._by_id.get(id(ranks))
-        if known is not None:
-            return known[1]
-        shared = self._seen.setdefault(ranks, ranks)
-        self._by_id[id(ranks)] = (ranks, shared)
-        return shared
 
 
 Folders = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import Transfers, dense_ids, first_rows, pack_keys, pair_transfers
 from .constants import (
     ALL_GATHER_OPS,
     GATHER_OPS,
@@ -33,7 +32,9 @@ from .constants import (
     REDUCE_SCATTER_OPS,
     SCATTER_OPS,
 )
+from .keys import dense_ids, first_rows, pack_keys
 from .textutil import ranges
+from .transfers import Transfers, pair_transfers
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op")
 MAX_REPORTED = 1000

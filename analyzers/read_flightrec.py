@@ -13,19 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .columns import (
-    Coded,
-    Columns,
-    Templated,
-    dtype_text,
-    encode,
-    expand_batch,
-    recode,
-    split_templates,
-    text_column,
-    unpack,
-)
+from .codes import Coded, dtype_text, encode, recode, text_column
+from .columns import Columns, Templated, expand_batch
 from .constants import FMT_FLIGHTREC, MAX_RANKS, SUPPORTED_FLIGHTREC_SCHEMAS, TORCH_DTYPE_NAMES
+from .dump_columns import split_templates, unpack
 from .rankdump import DumpError, GroupInfo, RankDump
 from .read_torch_fr import parse_pg_status
 
@@ -176,7 +167,7 @@ def _is_coded(value: Any) -> bool:
             and (isinstance(value.get("codes"), list) or _is_packed(value.get("codes"))))
 
 
-_DTYPE_TEXTS: dict[tuple[str, ...], Coded] = {}  # per reader process: dtype lists rewritten once (columns.recode)
+_DTYPE_TEXTS: dict[tuple[str, ...], Coded] = {}  # per reader process: dtype lists rewritten once (codes.recode)
 
 
 def _normalise(cols: dict[str, Any]) -> dict[str, Any]:

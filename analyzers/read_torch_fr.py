@@ -24,18 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .columns import (
-    Coded,
-    Templated,
-    dtype_text,
-    expand_batch,
-    finish_columns,
-    first_rows,
-    group_ids,
-    serialised_keys,
-    text_column,
-)
+from .codes import Coded, dtype_text, serialised_keys, text_column
+from .columns import Templated, expand_batch, finish_columns
 from .constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
+from .keys import first_rows, group_ids
 from .pickle_columns import CodedColumn, Column, ColumnarEntries, OpColumn, ScalarColumn
 from .rankdump import DumpError, GroupInfo, RankDump
 
@@ -266,7 +258,7 @@ class _Ops:
 
     Why: a 2,000-entry ring repeats a few dozen ops, so each is parsed and formatted once and the
     entries take the results by code; the key of an entry's op is made for the whole ring in one
-    serialisation (columns.serialised_keys)."""
+    serialisation (codes.serialised_keys)."""
 
     def __init__(self, fields: dict[str, Sequence[Any]], groups: list[GroupInfo]) -> None:
         self.fields = fields

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .rankdump import FileProblem, RankDump
+from .rankdump import FileProblem, RankDump, SharedMembers
 from .read import read_with
 
 FETCH_THREADS = 16  # requests in flight; object stores answer in tens of ms each
@@ -57,7 +57,6 @@ def read_all(fs: Any, paths: list[str], progress: Callable[[int], None] | None =
     def one(path: str) -> RankDump | FileProblem:
         return read_with(posixpath.basename(path), lambda: fs.cat_file(path))
 
-    from .loader import SharedMembers  # (loader imports this module)
 
     shared = SharedMembers()
     out: list[RankDump | FileProblem] = []

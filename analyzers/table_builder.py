@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .codes import Coded
 from .columns import (
     ENTRY_COLUMNS,
     NULLABLE_INT_COLUMNS,
     OBJECT_COLUMNS,
     WIDENED_COLUMNS,
     AllNull,
-    Coded,
     Columns,
     concat_column,
 )

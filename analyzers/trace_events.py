@@ -27,8 +27,8 @@ import pandas as pd
 
 from . import postmortem as pm
 from .analysis import Analysis
-from .columns import first_rows, group_ids, is_value
 from .constants import MAX_RANKS, PENDING_STATES
+from .keys import first_rows, group_ids, is_value
 from .textutil import plural, ranges
 
 try:  # optional (flightrec[fast]); the ops are template text either way, this serialises the rest

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .columns import pack_keys
 from .constants import COMPLETED, CPP_SITE, FAILED, PENDING_STATES, UNKNOWN
+from .keys import pack_keys
 from .rankdump import RankDump
 
 # Why a rank waits for a member (edge attribute `reason`).

@@ -133,7 +133,7 @@ def test_sorted_join_pairs_exactly_what_a_merge_pairs(data):
     import numpy as np
     import pandas as pd
 
-    from analyzers.columns import _join_on_unique
+    from analyzers.transfers import _join_on_unique
 
     left = np.array(data.draw(st.lists(st.integers(0, 15), max_size=30)), dtype=np.int64)
     right = np.array(data.draw(st.lists(st.integers(0, 15), max_size=30, unique=data.draw(st.booleans()))), dtype=np.int64)
@@ -155,16 +155,16 @@ def test_distinct_rows_by_flags_are_the_sorted_distinct_rows(data):
     import numpy as np
     import pandas as pd
 
-    from analyzers import columns
+    from analyzers import keys
 
     n = data.draw(st.integers(0, 40))
     a = np.array(data.draw(st.lists(st.integers(-3, 50), min_size=n, max_size=n)), dtype=np.int64)
     b = np.array(data.draw(st.lists(st.integers(-1, 9), min_size=n, max_size=n)), dtype=np.int16)
-    got = columns.distinct_rows([a, b])
+    got = keys.distinct_rows([a, b])
     expected = pd.DataFrame({"a": a, "b": b}).drop_duplicates().sort_values(["a", "b"])
     assert got is not None
     assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == list(zip(expected["a"], expected["b"], strict=True))
     if n >= 2:  # a key space over the limit: declined (the caller hashes instead)
         wide = a.copy()
-        wide[0] = columns.PRESENCE_LIMIT * 2
-        assert columns.distinct_rows([wide, b]) is None
+        wide[0] = keys.PRESENCE_LIMIT * 2
+        assert keys.distinct_rows([wide, b]) is None

@@ -314,7 +314,7 @@ def test_ids_within_ranks_equal_the_one_hash_numbering(data) -> None:  # noqa: A
     """Numbering (rank, channel) a slice of ranks at a time gives the ids one hash over all rows gives."""
     import numpy as np
 
-    from analyzers.columns import group_ids, ids_within_ranks
+    from analyzers.keys import group_ids, ids_within_ranks
 
     n = data.draw(st.integers(1, 60))
     rank = np.asarray(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)))
@@ -345,7 +345,7 @@ def test_a_qualifying_channel_stands_for_the_rank_over_a_worse_one_short_of_vote
 def test_channels_number_like_a_full_group_by() -> None:
     """_channels hashes only the transfers' rows; it must number every row exactly as a group-by
     over (group, direction, peer) of all rows does, in order of first appearance."""
-    from analyzers.columns import first_rows, group_ids
+    from analyzers.keys import first_rows, group_ids
     from analyzers.stragglers import _channels
 
     rng = np.random.default_rng(7)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 import analyzers
-from analyzers.columns import ENTRY_COLUMNS, AllNull, Coded, concat_columns, finish_columns, slim, to_frame
+from analyzers.codes import Coded
+from analyzers.columns import ENTRY_COLUMNS, AllNull, concat_columns, finish_columns, slim, to_frame
 from analyzers.table_builder import TableBuilder
 from fixtures import synth
 
