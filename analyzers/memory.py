@@ -4,6 +4,9 @@ Why: reading thousands of dumps makes millions of small arrays and objects; once
 into the entry table they are freed, but glibc keeps the pages in its arenas, so the process's
 resident size stays near the sum of both. `malloc_trim` returns them: measured at 1,024 ranks, the
 peak while loading fell from 0.77 to 0.52 GB. A no-op where glibc is not the allocator.
+
+Called at the ends of phases only: by the loader (after the merge, once reading is done) and by
+`Analysis` between matching, waits and the timing pass; the passes themselves do no housekeeping.
 """
 
 from __future__ import annotations

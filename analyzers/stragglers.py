@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from .keys import dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pack_keys
-from .memory import release_free_memory
 from .transfers import Transfers, pair_transfers
 
 MIN_SCORE = 3.5  # robust z-score a persistent straggler must reach
@@ -701,7 +700,6 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
               members: dict[str, list[int]] | None = None, transfers: Transfers | None = None) -> SlowResult:
     entries, estimated = _estimated_completions(entries, wall_offsets)
     lateness = collective_lateness(entries, group_sizes)
-    release_free_memory()  # its temporaries (gigabytes at 16k ranks) were freed into glibc's heap
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
     if estimated:
         result.notes.append(f"{estimated} collectives (issued from C++, e.g. DDP's Reducer) have a measured start but "
@@ -712,7 +710,6 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     if untimed:
         result.notes.append(f"{untimed} async ops are left out of the timing: their completion says when the backend "
                             "finished, not how long a rank waited for its peers (that shows in the op it next blocks in)")
-    release_free_memory()
     links = p2p_links(entries, transfers)
     result.links = links
     if len(links) >= 2:
