@@ -7,12 +7,12 @@
     a.graph          # networkx.DiGraph: edge r -> m when rank r waits for rank m
     a.report()       # the JSON report as a dict (docs/report-format.md)
 
-    from analyzers import postmortem, plots   # notebook steps as DataFrames, and their plots
+    from analyzers.reporting import postmortem, plots# notebook steps as DataFrames, and their plots
     postmortem.entries(a)                    # every entry + derived columns (docs/postmortem.md)
 """
 
-from . import postmortem
 from .analysis import Analysis, load
-from .loader import UnusableInput
+from .reading.loader import UnusableInput
+from .reporting import postmortem
 
 __all__ = ["Analysis", "UnusableInput", "load", "postmortem"]

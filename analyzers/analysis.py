@@ -15,10 +15,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from . import groups as groups_mod
-from . import jobs as jobs_mod
 from . import stackview
-from .causes import CauseResult, build_graph, find_causes
 from .constants import (
     CRASH,
     CRASHED,
@@ -33,16 +30,19 @@ from .constants import (
     REPORT_SCHEMA,
     SLOW,
 )
-from .failures import Failure, exited_ranks, find_failures
+from .diagnosis import groups as groups_mod
+from .diagnosis.causes import CauseResult, build_graph, find_causes
+from .diagnosis.failures import Failure, exited_ranks, find_failures
+from .diagnosis.matching import MatchResult, match
+from .diagnosis.transfers import Transfers, pair_transfers
+from .diagnosis.waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult, find_waits
 from .keys import first_rows, ids_within_ranks
-from .loader import Dataset, Folders, Progress, load_folder
-from .matching import MatchResult, match
 from .memory import release_free_memory
-from .rankdump import RankDump
-from .stragglers import SlowResult, find_slow
+from .reading import jobs as jobs_mod
+from .reading.loader import Dataset, Folders, Progress, load_folder
+from .reading.rankdump import RankDump
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
-from .transfers import Transfers, pair_transfers
-from .waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult, find_waits
+from .timing.stragglers import SlowResult, find_slow
 
 SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
 
@@ -56,7 +56,7 @@ def load(folder: Folders, workers: int | None = None, progress: Progress | None 
     `folder` is a local path or any fsspec URL (`s3://bucket/dumps`, `memory://dumps`, `file://...`),
     or a list of them read as one job (one folder per node's local disk).
     Raises `analyzers.UnusableInput` when a folder is missing or empty, or none holds a readable dump.
-    `attempt` analyses that torchelastic restart attempt (default: the latest; see analyzers/attempts.py).
+    `attempt` analyses that torchelastic restart attempt (default: the latest; see analyzers/reading/attempts.py).
     `workers` forces the number of reader processes (default: chosen from the folder's size);
     `on_count(n_files)` and `progress(n_read)` report the reading (the CLI's progress bar).
     """

@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
-from .columns import concat_entries
-from .loader import AttemptNotFound, UnusableInput, discover
-from .rankdump import RankDump
-from .read import rank_from_name, read_path
+from .reading.columns import concat_entries
+from .reading.loader import AttemptNotFound, UnusableInput, discover
+from .reading.rankdump import RankDump
+from .reading.read import rank_from_name, read_path
 from .textutil import ranges
 
 EXIT_UNUSABLE = 2
@@ -49,8 +49,8 @@ def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, worker
     """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL;
     several folders, one per node's local disk, are read as one job)."""
     from .analysis import load
-    from .progress import ReadProgress
-    from .render import text_report, to_dot
+    from .reading.progress import ReadProgress
+    from .reporting.render import text_report, to_dot
 
     bar = ReadProgress(enabled=not quiet, force=force_progress)
     try:
@@ -66,7 +66,7 @@ def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, worker
     if dot is not None:
         dot.write_text(to_dot(analysis.graph, report))
     if html is not None:
-        from .html_report import render_html
+        from .reporting.html_report import render_html
 
         page = render_html(analysis)
         html.write_text(page, encoding="utf-8")
@@ -101,7 +101,7 @@ def _print_hosts(report: dict[str, Any]) -> None:
 @click.option("--attempt", "attempt", type=click.IntRange(min=0), default=None, help="That torchelastic restart attempt's dump (default: the latest).")
 def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attempt: int | None = None) -> None:
     """List one rank's recorded entries as a table (FOLDER...: one or more folders of one job)."""
-    from .render import entry_table
+    from .reporting.render import entry_table
 
     try:
         files = [f for folder in dict.fromkeys(folders) for f in discover(folder)]
@@ -122,7 +122,7 @@ def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attemp
 def _rank_dump(named: list[Path], files: list[Path], rank: int, attempt: int | None) -> tuple[RankDump | None, list[str]]:
     """The rank's dump of `attempt` (default: its latest restart attempt) and the problems of its files.
     Every file named for the rank is read (one per attempt); a full scan only if the names do not say."""
-    from .attempts import NoSuchAttempt, attempt_of, split_attempts
+    from .reading.attempts import NoSuchAttempt, attempt_of, split_attempts
 
     problems: list[str] = []
     found: list[RankDump] = []
@@ -165,12 +165,12 @@ def export_command(folders: tuple[str, ...], out: Path | None, workers: int | No
     for problem in analysis.problems:
         click.echo(f"flightrec: skipped {problem.line()}", err=True)
     if out is not None:
-        from .export import export
+        from .reporting.export import export
 
         done = export(analysis, out)
         click.echo(f"wrote {done.entries} entries to {done.entries_path} and {done.groups} groups to {done.groups_path}")
     if trace is not None:
-        from .trace_events import write_trace
+        from .reporting.trace_events import write_trace
 
         click.echo(write_trace(analysis, trace, last_ops=trace_last).line())
 

@@ -47,7 +47,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
 from analyzers.analysis import Analysis
-from analyzers.loader import load_folder
+from analyzers.reading.loader import load_folder
 from fixtures import synth
 t1 = time.perf_counter()
 data = load_folder({folder!r})

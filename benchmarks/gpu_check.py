@@ -279,7 +279,7 @@ def check_gloo_cuda(out: Path, env: dict[str, str]) -> dict:
                  "timed_out": job.timed_out}
     try:
         import analyzers
-        from analyzers.render import text_report
+        from analyzers.reporting.render import text_report
 
         a = analyzers.load(folder)
         report = a.report()

@@ -69,7 +69,7 @@ def missing_analyze_modules() -> list[str]:
 
 
 def analyzer(submodule: str = "") -> ModuleType:
-    """The analyzer package, or one of its submodules (`analyzer("postmortem")`).
+    """The analyzer package, or one of its submodules (`analyzer("reporting.postmortem")`).
 
     Installed: `flightrec.analyzers`. Source checkout: the checkout's `analyzers/`, under its own name
     `analyzers` (the name the tests, benchmarks and fixtures import it by, so there is one copy).

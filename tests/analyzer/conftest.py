@@ -31,5 +31,5 @@ def scenario(tmp_path: Path) -> Callable[[str], Path]:
 @pytest.fixture(autouse=True)
 def _no_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLIGHTREC", raising=False)
-    monkeypatch.setenv("FLIGHTREC_STRICT_READERS", "1")  # a reader bug fails the test (analyzers/read.py)
+    monkeypatch.setenv("FLIGHTREC_STRICT_READERS", "1")  # a reader bug fails the test (analyzers/reading/read.py)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

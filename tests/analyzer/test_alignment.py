@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import analyzers
-from analyzers.render import text_report
+from analyzers.reporting.render import text_report
 from fixtures import builders
 from fixtures.builders import Job
 from fixtures.foreign import make as foreign

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import analyzers
-from analyzers.columns import CATEGORY_COLUMNS, ENTRY_COLUMNS
+from analyzers.reading.columns import CATEGORY_COLUMNS, ENTRY_COLUMNS
 
 
 def test_tables_and_graph(scenario):

@@ -1,4 +1,4 @@
-"""Restart attempts (analyzers/attempts.py) and several folders read as one job (analyzers/loader.py).
+"""Restart attempts (analyzers/reading/attempts.py) and several folders read as one job (analyzers/reading/loader.py).
 
 The folders are made from dumps recorded by real gloo runs (fixtures/golden): split across folders,
 or rewritten as another torchelastic restart attempt of the job.
@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 import analyzers
 from analyzers.cli import analyze_command, show_command
-from analyzers.loader import AttemptNotFound
-from analyzers.read import rank_from_name
+from analyzers.reading.loader import AttemptNotFound
+from analyzers.reading.read import rank_from_name
 from flightrec.dumper import dump_filename, restart_attempt
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import analyzers
-from analyzers.render import text_report
+from analyzers.reporting.render import text_report
 from fixtures.builders import COMPUTE_STACK, Job
 
 

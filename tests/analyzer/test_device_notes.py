@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import analyzers
-from analyzers.read_flightrec import NOTE_GRAPHS
+from analyzers.reading.read_flightrec import NOTE_GRAPHS
 
 from .conftest import GOLDEN
 

@@ -163,7 +163,7 @@ def test_damaged_packed_columns_name_the_column(tmp_path: Path, damage, expected
 
 
 def test_packed_columns_round_trip_nulls_and_64_bit_values() -> None:
-    from analyzers.dump_columns import unpack
+    from analyzers.reading.dump_columns import unpack
 
     for values in ([], [7], [None, 5, None, 2**40, -3, None], [1_700_000_000_000_000_000, None, 1_700_000_000_000_000_001]):
         packed = pack(values)
@@ -177,7 +177,7 @@ def test_packed_columns_round_trip_nulls_and_64_bit_values() -> None:
 @pytest.mark.parametrize(("step", "dtype"), [(1, "<i1"), (-128, "<i1"), (127, "<i1"), (128, "<i2"), (-129, "<i2"),
                                              (32767, "<i2"), (40_000, "<i4"), (-(2**31), "<i4"), (2**31, "<i8")])
 def test_each_column_is_packed_in_its_narrowest_type(step: int, dtype: str) -> None:
-    from analyzers.dump_columns import unpack
+    from analyzers.reading.dump_columns import unpack
 
     values = [5, 5 + step, 5 + 2 * step, None, 5 + 3 * step]  # differences from the first value: 0, then `step`
     packed = pack(values)
@@ -189,7 +189,7 @@ def test_each_column_is_packed_in_its_narrowest_type(step: int, dtype: str) -> N
 @pytest.mark.parametrize("first", [0, 10**6, 89_860_805_673, -(2**40)])
 def test_differences_are_counted_from_the_first_value(first: int) -> None:
     """A large first value (a timestamp, an id in the millions) does not widen its column."""
-    from analyzers.dump_columns import unpack
+    from analyzers.reading.dump_columns import unpack
 
     values = [None, first, first + 3, None, first + 40_000, first - 2]
     packed = pack(values)

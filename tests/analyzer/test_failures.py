@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import analyzers
-from analyzers.failures import PEER_ERROR, classify
+from analyzers.diagnosis.failures import PEER_ERROR, classify
 from fixtures.builders import WALL_BASE_NS, Job
 
 GLOO_CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import analyzers
-from analyzers import read_torch_fr
-from analyzers.columns import to_frame
-from analyzers.rankdump import SideFile
-from analyzers.read import read_path
+from analyzers.reading import read_torch_fr
+from analyzers.reading.columns import to_frame
+from analyzers.reading.rankdump import SideFile
+from analyzers.reading.read import read_path
 from fixtures.foreign import make as foreign
 
 from .conftest import ROOT

@@ -1,4 +1,4 @@
-"""Dumps of several jobs in one folder, and stale dumps (analyzers/jobs.py; issue 19, point 7)."""
+"""Dumps of several jobs in one folder, and stale dumps (analyzers/reading/jobs.py; issue 19, point 7)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 import analyzers
-from analyzers import jobs, render
-from analyzers.rankdump import RankDump
-from analyzers.render import text_report
+from analyzers.reading import jobs
+from analyzers.reading.rankdump import RankDump
+from analyzers.reporting import render
+from analyzers.reporting.render import text_report
 from fixtures.builders import WALL_BASE_NS, Job, _warmup
 from fixtures.launch import launch
 from flightrec.packed import plain

@@ -104,7 +104,7 @@ def test_mismatch_scan_by_codes_agrees_with_nunique(data):
     import numpy as np
     import pandas as pd
 
-    from analyzers import matching
+    from analyzers.diagnosis import matching
 
     n = data.draw(st.integers(1, 60))
     draw = lambda values: data.draw(st.lists(st.sampled_from(values), min_size=n, max_size=n))  # noqa: E731
@@ -133,7 +133,7 @@ def test_sorted_join_pairs_exactly_what_a_merge_pairs(data):
     import numpy as np
     import pandas as pd
 
-    from analyzers.transfers import _join_on_unique
+    from analyzers.diagnosis.transfers import _join_on_unique
 
     left = np.array(data.draw(st.lists(st.integers(0, 15), max_size=30)), dtype=np.int64)
     right = np.array(data.draw(st.lists(st.integers(0, 15), max_size=30, unique=data.draw(st.booleans()))), dtype=np.int64)

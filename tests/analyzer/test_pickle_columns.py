@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import analyzers
-from analyzers import pickle_columns, read_torch_fr, safe_pickle
-from analyzers.read import read_path
+from analyzers.reading import pickle_columns, read_torch_fr, safe_pickle
+from analyzers.reading.read import read_path
 from fixtures import sim
 
 from .conftest import ROOT

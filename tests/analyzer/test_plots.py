@@ -1,4 +1,4 @@
-"""Plots (`analyzers.plots`) and the self-contained HTML page (`flightrec analyze --html`)."""
+"""Plots (`analyzers.reporting.plots`) and the self-contained HTML page (`flightrec analyze --html`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from matplotlib.image import AxesImage
 from matplotlib.patches import Rectangle
 
 import analyzers
-from analyzers import html_report, plots
-from analyzers import postmortem as pm
 from analyzers.cli import analyze_command
+from analyzers.reporting import html_report, plots
+from analyzers.reporting import postmortem as pm
 from fixtures.builders import OP_STEP_NS, Job
 
 from .conftest import GOLDEN

@@ -1,4 +1,4 @@
-"""Postmortem tables (`analyzers.postmortem`) and the Parquet export (`flightrec export`)."""
+"""Postmortem tables (`analyzers.reporting.postmortem`) and the Parquet export (`flightrec export`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 import analyzers
-from analyzers import postmortem as pm
-from analyzers.columns import ENTRY_COLUMNS
-from analyzers.export import EXPORT_SCHEMA, export, groups_path_for, read_metadata
+from analyzers.reading.columns import ENTRY_COLUMNS
+from analyzers.reporting import postmortem as pm
+from analyzers.reporting.export import EXPORT_SCHEMA, export, groups_path_for, read_metadata
 from flightrec.cli import main as flightrec_main
 
 from .conftest import GOLDEN
@@ -144,8 +144,8 @@ def test_groups_path_for():
 def test_cost_per_rank_and_steps_show_the_straggler() -> None:
     """Issue 22: the per-step view and the cost table, where people would rather look than read."""
     import analyzers
-    from analyzers import postmortem as pm
-    from analyzers.html_report import render_html
+    from analyzers.reporting import postmortem as pm
+    from analyzers.reporting.html_report import render_html
     from fixtures.run import GOLDEN
 
     a = analyzers.load(str(GOLDEN / "straggler_20"))

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import analyzers
 from analyzers.cli import analyze_command
-from analyzers.progress import LABEL, ReadProgress
+from analyzers.reading.progress import LABEL, ReadProgress
 from fixtures import synth
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzers.stragglers import find_slow
+from analyzers.timing.stragglers import find_slow
 
 MS = 1_000_000
 Extra = Callable[[int, int, np.random.Generator], float]  # (rank, step, rng) -> extra compute in ms

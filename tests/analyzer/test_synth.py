@@ -127,8 +127,8 @@ def test_a_reader_batch_builds_the_table_each_file_builds(tmp_path: Path) -> Non
     when a batch mixes in another format."""
     import pandas as pd
 
-    from analyzers import loader, read
-    from analyzers.columns import concat_columns, to_frame
+    from analyzers.reading import loader, read
+    from analyzers.reading.columns import concat_columns, to_frame
 
     ours = synth.write_folder(tmp_path / "fr", 16, 120, "straggler", "flightrec")
     theirs = synth.write_folder(tmp_path / "torch", 16, 120, "straggler", "torch")

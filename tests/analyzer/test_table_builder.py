@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 import analyzers
-from analyzers.codes import Coded
-from analyzers.columns import ENTRY_COLUMNS, AllNull, concat_columns, finish_columns, slim, to_frame
-from analyzers.table_builder import TableBuilder
+from analyzers.reading.codes import Coded
+from analyzers.reading.columns import ENTRY_COLUMNS, AllNull, concat_columns, finish_columns, slim, to_frame
+from analyzers.reading.table_builder import TableBuilder
 from fixtures import synth
 
 

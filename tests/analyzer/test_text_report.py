@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from analyzers.cli import analyze_command
-from analyzers.render import group_gaps
+from analyzers.reporting.render import group_gaps
 from analyzers.textutil import rank_text, who
 from fixtures import synth
 

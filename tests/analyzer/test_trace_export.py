@@ -27,9 +27,9 @@ import pytest
 from click.testing import CliRunner
 
 import analyzers
-from analyzers import trace_events
 from analyzers.cli import analyze_command, export_command
-from analyzers.trace_events import LANE_STRIDE, trace_dict, write_trace
+from analyzers.reporting import trace_events
+from analyzers.reporting.trace_events import LANE_STRIDE, trace_dict, write_trace
 from fixtures.builders import Job
 from fixtures.run import SCENARIOS, run_scenario
 from tests.helpers import entries, load_dump

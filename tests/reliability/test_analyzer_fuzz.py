@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from analyzers import safe_pickle
 from analyzers.cli import analyze_command
+from analyzers.reading import safe_pickle
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
 EXAMPLES = int(os.environ.get("FLIGHTREC_FUZZ_EXAMPLES", "250"))

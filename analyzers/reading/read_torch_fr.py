@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
+from ..keys import first_rows, group_ids
 from .codes import Coded, dtype_text, serialised_keys, text_column
 from .columns import Templated, expand_batch, finish_columns
-from .constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
-from .keys import first_rows, group_ids
 from .pickle_columns import CodedColumn, Column, ColumnarEntries, OpColumn, ScalarColumn
 from .rankdump import DumpError, GroupInfo, RankDump
 

@@ -21,16 +21,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
+from ..memory import release_free_memory, reuse_freed_memory
+from ..textutil import ranges
 from . import read_torch_fr, sources
 from .attempts import NoSuchAttempt, split_attempts
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
-from .constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from .jobs import split_jobs
-from .memory import release_free_memory, reuse_freed_memory
 from .rankdump import FileProblem, RankDump, SharedMembers, SideFile
 from .read import rank_from_name, read_path
 from .table_builder import TableBuilder
-from .textutil import ranges
 
 # Below these, a pool's start-up (forking, pickling frames back) costs more than it saves.
 PARALLEL_MIN_FILES = 8

@@ -17,9 +17,8 @@ from typing import Any
 import networkx as nx
 import pandas as pd
 
-from . import failures as fail
-from . import stackview
-from .constants import (
+from .. import stackview
+from ..constants import (
     COMM_STUCK,
     CPP_SITE,
     CRASHED,
@@ -31,9 +30,10 @@ from .constants import (
     NOT_ENTERED,
     STARTED,
 )
+from ..reading.rankdump import RankDump
+from ..textutil import plural, ranges
+from . import failures as fail
 from .matching import MatchResult
-from .rankdump import RankDump
-from .textutil import plural, ranges
 from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait
 
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .keys import is_value, pack_keys
+from ..keys import is_value, pack_keys
 
 TRANSFER_KEY = ("group", "src", "dst", "seq")
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 try:
-    from . import _pickle_columns as _c
+    from .. import _pickle_columns as _c
 except ImportError:  # no compiler at install time, or FLIGHTREC_BUILD_C=0: the Python unpickler reads
     _c = None
 

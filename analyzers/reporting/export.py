@@ -19,8 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..analysis import Analysis
 from . import postmortem
-from .analysis import Analysis
 
 EXPORT_SCHEMA = "flightrec-export/1"
 META_KEY = b"flightrec"

@@ -19,10 +19,10 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
+from ..analysis import Analysis
+from ..textutil import ranges
 from . import postmortem as pm
-from .analysis import Analysis
 from .render import headline
-from .textutil import ranges
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

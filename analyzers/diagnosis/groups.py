@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .constants import MAX_RANKS
-from .keys import distinct_rows, first_rows, ids_within_ranks
-from .rankdump import FileProblem, RankDump
-from .textutil import ranges
+from ..constants import MAX_RANKS
+from ..keys import distinct_rows, first_rows, ids_within_ranks
+from ..reading.rankdump import FileProblem, RankDump
+from ..textutil import ranges
 
 DEFAULT_GROUP = "0"
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .keys import first_rows
+from ..keys import first_rows
 
 try:  # optional: serialises list rows in C, so shapes and dtypes factorise without a per-row str()
     import orjson as _orjson

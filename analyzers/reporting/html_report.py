@@ -12,10 +12,10 @@ import base64
 from html import escape
 from typing import Any
 
+from ..analysis import Analysis
+from ..textutil import ranges, who
 from . import postmortem as pm
 from . import render
-from .analysis import Analysis
-from .textutil import ranges, who
 
 MAX_ROWS = 200  # per table: a 16k-rank job stays a page, not a 10 MB document
 VERDICT_COLORS = {"healthy": "#2ca02c", "slow": "#e6a100", "hang": "#d62728", "desync": "#9467bd", "deadlock": "#8c1c13"}

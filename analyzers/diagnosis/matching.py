@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .constants import (
+from ..constants import (
     ALL_GATHER_OPS,
     GATHER_OPS,
     LOOSE_SHAPE_OPS,
@@ -32,8 +32,8 @@ from .constants import (
     REDUCE_SCATTER_OPS,
     SCATTER_OPS,
 )
-from .keys import dense_ids, first_rows, pack_keys
-from .textutil import ranges
+from ..keys import dense_ids, first_rows, pack_keys
+from ..textutil import ranges
 from .transfers import Transfers, pair_transfers
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op")

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .keys import dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pack_keys
-from .transfers import Transfers, pair_transfers
+from ..diagnosis.transfers import Transfers, pair_transfers
+from ..keys import dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pack_keys
 
 MIN_SCORE = 3.5  # robust z-score a persistent straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives

@@ -18,8 +18,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from ..textutil import plural
 from .rankdump import RankDump
-from .textutil import plural
 
 
 class NoSuchAttempt(LookupError):

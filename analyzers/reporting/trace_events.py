@@ -25,11 +25,11 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
+from ..analysis import Analysis
+from ..constants import MAX_RANKS, PENDING_STATES
+from ..keys import first_rows, group_ids, is_value
+from ..textutil import plural, ranges
 from . import postmortem as pm
-from .analysis import Analysis
-from .constants import MAX_RANKS, PENDING_STATES
-from .keys import first_rows, group_ids, is_value
-from .textutil import plural, ranges
 
 try:  # optional (flightrec[fast]); the ops are template text either way, this serialises the rest
     import orjson as _orjson

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..memory import release_free_memory
 from .codes import Coded, encode
-from .memory import release_free_memory
 
 CATEGORY_COLUMNS = (
     "group",

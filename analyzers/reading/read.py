@@ -19,8 +19,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from ..constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
 from . import pickle_columns, read_flightrec, read_torch_fr, safe_pickle
-from .constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
 from .rankdump import DumpError, FileProblem, RankDump, SideFile
 
 try:  # optional: 2-3x faster than the standard library on big dumps; same results

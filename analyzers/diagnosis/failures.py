@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .rankdump import RankDump
+from ..reading.rankdump import RankDump
 
 # Errors a rank gets because another process went away: consequences, never a root cause.
 PEER_ERROR = re.compile(
@@ -98,7 +98,7 @@ def _first_peer_error(failures: list[Failure]) -> int | None:
 
 def _consequences_text(failures: list[Failure], skip: set[int]) -> str:
     """'ranks 0, 2 then lost their connection (Connection closed by peer [127.0.0.1]:63143); rank 3 was terminated'."""
-    from .textutil import ranges
+    from ..textutil import ranges
 
     lost = [f for f in failures if f.kind == PEER_LOST and f.rank not in skip]
     parts = []
@@ -129,7 +129,7 @@ def crash_roots(failures: list[Failure], absent: set[int]) -> tuple[list[Failure
 
 def explain(rank: int, failures: list[Failure], own: list[Failure], silent: set[int]) -> str:
     """The detail line of a `crashed` root cause."""
-    from .textutil import ranges
+    from ..textutil import ranges
 
     mine = next((f for f in own if f.rank == rank), None)
     if mine is not None:

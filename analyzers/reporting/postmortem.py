@@ -18,9 +18,9 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from .analysis import Analysis
-from .constants import COMPLETED, FAILED, PENDING_STATES, UNKNOWN
-from .stragglers import rank_costs
+from ..analysis import Analysis
+from ..constants import COMPLETED, FAILED, PENDING_STATES, UNKNOWN
+from ..timing.stragglers import rank_costs
 
 # Values of the derived `status` column (what the analysis concluded about each entry).
 ST_COMPLETED, ST_FAILED, ST_BLOCKING, ST_PENDING, ST_MISMATCH, ST_UNKNOWN = (

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import FMT_FLIGHTREC, MAX_RANKS, SUPPORTED_FLIGHTREC_SCHEMAS, TORCH_DTYPE_NAMES
 from .codes import Coded, dtype_text, encode, recode, text_column
 from .columns import Columns, Templated, expand_batch
-from .constants import FMT_FLIGHTREC, MAX_RANKS, SUPPORTED_FLIGHTREC_SCHEMAS, TORCH_DTYPE_NAMES
 from .dump_columns import split_templates, unpack
 from .rankdump import DumpError, GroupInfo, RankDump
 from .read_torch_fr import parse_pg_status

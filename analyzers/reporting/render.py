@@ -13,9 +13,9 @@ from typing import Any
 import networkx as nx
 import pandas as pd
 
-from . import stackview
-from .constants import COMM_STUCK, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
-from .textutil import channel_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
+from .. import stackview
+from ..constants import COMM_STUCK, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from ..textutil import channel_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
 
 # What each root-cause kind means, in the words an on-call engineer would use (report-format.md has the kinds).
 KIND_WORDS = {

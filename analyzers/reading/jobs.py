@@ -36,8 +36,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..textutil import plural, ranges
 from .rankdump import RankDump
-from .textutil import plural, ranges
 
 RUN_GAP_NS = 60 * 1_000_000_000  # armed times further apart than this: different runs of one job
 STALE_AFTER_NS = 30 * 1_000_000_000  # a dump this much older than its job's newest one is stale

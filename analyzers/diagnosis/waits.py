@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .constants import COMPLETED, CPP_SITE, FAILED, PENDING_STATES, UNKNOWN
-from .keys import pack_keys
-from .rankdump import RankDump
+from ..constants import COMPLETED, CPP_SITE, FAILED, PENDING_STATES, UNKNOWN
+from ..keys import pack_keys
+from ..reading.rankdump import RankDump
 
 # Why a rank waits for a member (edge attribute `reason`).
 R_NOT_ENTERED = "not_entered"
 R_NO_DUMP = "no_dump"
 R_UNREADABLE = "unreadable"
-R_STALE = "stale"  # its dump is much older than its peers' (analyzers/jobs.py): no current state
+R_STALE = "stale"  # its dump is much older than its peers' (analyzers/reading/jobs.py): no current state
 R_MISMATCH = "mismatch"
 R_BLOCKED = "blocked_elsewhere"
 R_EXITED = "exited"  # it entered the position (an async op) and then left the job cleanly
@@ -460,6 +460,6 @@ def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
 
 
 def _short(ranks: dict[int, str] | set[int]) -> str:
-    from .textutil import ranges
+    from ..textutil import ranges
 
     return ranges(r for r in ranks if r >= 0) or "?"

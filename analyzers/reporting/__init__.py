@@ -1,0 +1,1 @@
+"""Reporting: the report as text, JSON, HTML and plots, the notebook tables, Parquet export and the trace timeline."""
