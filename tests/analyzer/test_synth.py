@@ -109,18 +109,6 @@ def test_torch_format_is_read_by_pytorchs_analyzer(tmp_path: Path) -> None:
     assert out.stat().st_size > 0
 
 
-def test_numpy_packing_is_the_recorders_byte_for_byte() -> None:
-    import numpy as np
-
-    rng = np.random.default_rng(5)
-    for n in (0, 1, 50):
-        for big in (False, True):
-            values = rng.integers(-(2**40) if big else -1000, 2**40 if big else 1000, n)
-            nulls = rng.random(n) < 0.3
-            plain_list = [None if null else int(v) for v, null in zip(values.tolist(), nulls.tolist(), strict=True)]
-            assert json.loads(synth._packed(values, nulls)) == pack(plain_list)
-
-
 def test_a_reader_batch_builds_the_table_each_file_builds(tmp_path: Path) -> None:
     """The pool's readers take the template columns of a whole batch onto its entries at once
     (columns.expand_batch); the table must be exactly the one each file's own reading gives, also
