@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import traceback
 
-from analyzers.reporting import stackview
+from analyzers import stackview
 from flightrec import stacks
 
 
