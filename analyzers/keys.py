@@ -13,6 +13,12 @@ import numpy as np
 import pandas as pd
 
 
+def fits_int32(values: np.ndarray) -> bool:
+    """Every value fits in 32 bits (an empty column does): ranks, sequence numbers, peers, instance
+    ids, sent or kept in half the bytes of int64."""
+    return not len(values) or (-(1 << 31) <= int(values.min()) and int(values.max()) < 1 << 31)
+
+
 def column_range(column: np.ndarray) -> tuple[int, int]:
     """(lowest value, number of values from lowest to highest) of an integer column; (0, 1) if empty."""
     if not len(column):

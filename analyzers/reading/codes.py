@@ -52,7 +52,7 @@ def encode(values: Any) -> Coded:
         codes, uniques = pd.factorize(arr)
     except TypeError:  # unhashable rows (lists: shapes, dtypes)
         return _encode_unhashable(arr)
-    return _dedupe(codes.astype(np.int32), [str(u) for u in uniques])
+    return dedupe(codes.astype(np.int32), [str(u) for u in uniques])
 
 
 SMALL_COLUMN = 256  # below this many rows a dict beats pandas' fixed cost (a reader's per-op columns)
@@ -71,7 +71,7 @@ def _encode_small(values: list[Any]) -> Coded:
         for i, v in enumerate(values):  # element by element: numpy would read equal-length lists as a 2-D array
             arr[i] = v
         return _encode_unhashable(arr)
-    return _dedupe(np.asarray(codes, dtype=np.int32), cats)
+    return dedupe(np.asarray(codes, dtype=np.int32), cats)
 
 
 def _missing(value: Any) -> bool:
@@ -95,7 +95,7 @@ def _encode_unhashable(arr: np.ndarray) -> Coded:
         else:
             remap[i] = len(cats)
             cats.append(str(value))
-    return _dedupe(remap[codes], cats)
+    return dedupe(remap[codes], cats)
 
 
 _CUT = "\x00"  # serialised as `"\u0000"`
@@ -138,19 +138,20 @@ def recode(coded: Coded, func: Callable[[str], str], memo: dict[tuple[str, ...],
     strings, so that ranks with the same strings share one rewritten list (and the merge's union
     of categories treats it once)."""
     if memo is None:
-        return _dedupe(coded.codes, [func(c) for c in coded.cats])
+        return dedupe(coded.codes, [func(c) for c in coded.cats])
     key = tuple(coded.cats)
     table = memo.get(key)  # old code -> new code (`codes`), and the new strings
     if table is None:
         if len(memo) >= MEMO_LIMIT:
             memo.clear()
-        table = memo[key] = _dedupe(np.arange(len(key), dtype=np.int32), [func(c) for c in key])
+        table = memo[key] = dedupe(np.arange(len(key), dtype=np.int32), [func(c) for c in key])
     if bool((table.codes == np.arange(len(table.codes))).all()):
         return Coded(coded.codes, table.cats)
     return Coded(np.where(coded.codes >= 0, table.codes[np.clip(coded.codes, 0, None)], -1).astype(np.int32), table.cats)
 
 
-def _dedupe(codes: np.ndarray, cats: list[str]) -> Coded:
+def dedupe(codes: np.ndarray, cats: list[str]) -> Coded:
+    """`codes` into `cats` with equal strings made one category (values whose text is the same)."""
     if len(set(cats)) == len(cats):
         return Coded(codes, cats)
     index: dict[str, int] = {}

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..keys import fits_int32
 from ..memory import release_free_memory
 from .codes import Coded, encode
 
@@ -87,10 +88,8 @@ ENTRY_COLUMNS = (
 WIDENED_COLUMNS = ("rank", *INT_COLUMNS)  # int64 in the table, sent between processes in 32 bits when they fit
 
 
-_INT32_MIN, _INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 
 
-_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 _INT_DEFAULTS = {"id": 0, "seq": -1, "pg_seq": -1, "peer": -1, "root": -1, "unit": -1}
@@ -122,7 +121,7 @@ def slim(cols: Columns) -> Columns:
     out: Columns = {}
     for name, value in cols.items():
         if name in WIDENED_COLUMNS and isinstance(value, np.ndarray) and value.dtype == np.int64 and len(value):
-            if _INT32_MIN <= int(value.min()) and int(value.max()) <= _INT32_MAX:
+            if fits_int32(value):
                 value = value.astype(np.int32)
         elif isinstance(value, Coded):
             small = np.int8 if len(value.cats) < 127 else np.int16 if len(value.cats) < 32767 else np.int32

@@ -10,8 +10,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .codes import MEMO_LIMIT, _dedupe, _orjson
-from .columns import _INT64_MAX, _INT64_MIN, OBJECT_COLUMNS, Columns
+from .codes import MEMO_LIMIT, dedupe
+from .columns import OBJECT_COLUMNS, Columns
+
+try:  # optional (flightrec[fast]): keys the template memo in one C call
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
 
 
 def decode_coded(cols: dict[str, Any], n: int) -> Columns:
@@ -40,7 +45,7 @@ def decode_coded(cols: dict[str, Any], n: int) -> Columns:
             remap[nulls] = -1
             remap[-1] = -1
             codes = remap[codes]
-        out[name] = _dedupe(codes, texts)
+        out[name] = dedupe(codes, texts)
     return out
 
 
@@ -95,6 +100,7 @@ def _decode_templates(templates: dict[str, Any], count: int) -> Columns:
     return out
 
 
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 _PACKED_DTYPES = {name: np.dtype(name) for name in ("<i1", "<i2", "<i4", "<i8")}
 
 

@@ -93,9 +93,8 @@ class Batch:
     """
 
     results: list[RankDump | FileProblem]
-    table: Columns | None = None
+    table: Columns | None = None  # until the loader's TableBuilder takes it: `spans` are then its rows
     spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # index in results -> rows
-    built: bool = False  # the table went into the loader's TableBuilder: `spans` are rows of the whole table
 
 
 def read_batch(names: list[str]) -> Batch:
@@ -121,12 +120,12 @@ def read_batch(names: list[str]) -> Batch:
     return Batch(results, slim(table), spans)  # a worker's heap is short-lived
 
 
-def read_files(paths: list[Path], workers: int | None = None, progress: Progress | None = None,
-               full_names: bool = False, builder: TableBuilder | None = None) -> list[Batch]:
+def read_files(paths: list[Path], builder: TableBuilder, workers: int | None = None, progress: Progress | None = None,
+               full_names: bool = False) -> list[Batch]:
     """Read every file, in a process pool when the folder is big enough to pay for one.
-    `full_names`: each result's `file` is its path as given, not its name (files of several folders).
     `builder`: the pool's batch tables are appended to it as they arrive (table_builder.py), in
-    rank order; without one each batch keeps its table."""
+    rank order (serially read dumps keep their own entries). `full_names`: each result's `file` is
+    its path as given, not its name (files of several folders)."""
     size = sum(_size(p) for p in paths)
     cpus = os.cpu_count() or 1
     if workers is None:
@@ -146,8 +145,7 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
     batches = [names[i:i + size] for i in range(0, len(names), size)]
     shared = SharedMembers()
     out = []
-    if builder is not None:
-        builder.expect(len(batches))
+    builder.expect(len(batches))
     paused = gc.isenabled()
     if paused:  # each batch unpickles ~10^4 containers: collections would rescan every earlier batch's
         gc.disable()
@@ -156,9 +154,9 @@ def read_files(paths: list[Path], workers: int | None = None, progress: Progress
             for names_read, batch in zip(batches, pool.map(read_batch, batches), strict=True):
                 for n, result in zip(names_read, batch.results, strict=True):
                     _named(shared(result), n, full_names)
-                if builder is not None and batch.table is not None:
+                if batch.table is not None:
                     start, _ = builder.append(batch.table)
-                    batch.table, batch.built = None, True
+                    batch.table = None
                     batch.spans = {i: (a + start, b + start) for i, (a, b) in batch.spans.items()}
                 out.append(batch)
                 tick(len(batch.results))
@@ -174,27 +172,20 @@ def _named(result: RankDump | FileProblem | SideFile, path: str, full: bool) -> 
     return result
 
 
-def merge_batches(batches: list[Batch], chosen: dict[int, RankDump], builder: TableBuilder | None = None) -> pd.DataFrame:
-    """The entry table of the chosen dumps, rows ordered by rank (stable: each dump's own order).
-    `builder`: what `read_files` appended to it comes first (only the chosen dumps' rows of it)."""
+def merge_batches(batches: list[Batch], chosen: dict[int, RankDump], builder: TableBuilder) -> pd.DataFrame:
+    """The entry table of the chosen dumps, rows ordered by rank (stable: each dump's own order):
+    the rows `read_files` appended to `builder`, then the entries serially read dumps kept."""
     keep_ids = {id(d) for d in chosen.values()}
     parts: list[Columns] = []
-    from_builder = builder is not None and builder.rows > 0
+    from_builder = builder.rows > 0
     if from_builder:
         built = builder.finish()
-        spans = [span for b in batches if b.built for i, span in b.spans.items()]
-        kept = [span for b in batches if b.built for i, span in b.spans.items() if id(b.results[i]) in keep_ids]
-        if len(kept) < len(spans):  # another dump of the same rank was preferred, another job's, an older attempt's
-            built = take_rows(built, np.concatenate([np.arange(a, b) for a, b in kept]) if kept else np.empty(0, dtype=np.int64))
+        spans = [(span, id(b.results[i]) in keep_ids) for b in batches for i, span in b.spans.items()]
+        if not all(kept for _, kept in spans):  # another dump of the same rank was preferred, another job's, an older attempt's
+            rows = [np.arange(a, b) for (a, b), kept in spans if kept]
+            built = take_rows(built, np.concatenate(rows) if rows else np.empty(0, dtype=np.int64))
         parts.append(built)
     for batch in batches:
-        if batch.table is not None:
-            kept = [span for i, span in batch.spans.items() if id(batch.results[i]) in keep_ids]
-            if len(kept) < len(batch.spans):  # another dump of the same rank was preferred
-                rows = np.concatenate([np.arange(a, b) for a, b in kept]) if kept else np.empty(0, dtype=np.int64)
-                batch.table = take_rows(batch.table, rows)
-            parts.append(batch.table)
-            batch.table = None
         for result in batch.results:
             if isinstance(result, RankDump) and result.entries and id(result) in keep_ids:
                 parts.append(result.entries)
@@ -264,7 +255,7 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         on_count(sum(s.count for s in found))
     local = [p for s in found if s.fs is None for p in s.files]
     builder = TableBuilder()
-    batches = read_files(local, workers, progress, full_names=several, builder=builder) if local else []
+    batches = read_files(local, builder, workers, progress, full_names=several) if local else []
     for s in found:
         if s.fs is not None:  # read in this process: entries stay per dump
             results = sources.read_all(s.fs, s.names, progress)

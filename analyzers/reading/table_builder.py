@@ -42,6 +42,11 @@ class _Grown:
     def __init__(self, dtype: Any, capacity: int) -> None:
         self.values = np.empty(capacity, dtype=dtype)
 
+    def fits(self, piece: Any) -> bool:
+        """An integer or bool array this column's dtype holds (a batch may send narrower ints)."""
+        return isinstance(piece, np.ndarray) and piece.dtype.kind == self.values.dtype.kind \
+            and np.can_cast(piece.dtype, self.values.dtype, casting="same_kind")
+
     def reserve(self, rows: int) -> None:
         if rows > len(self.values):
             # in place (realloc: a large block is remapped, not copied); the added tail is zero-filled
@@ -69,6 +74,12 @@ class _GrownCodes:
         self.codes = _Grown(np.int8, capacity)
         self.index: dict[str, int] = {}
         self._remaps: dict[int, tuple[list[str], np.ndarray]] = {}  # by id of a batch's category list
+
+    def fits(self, piece: Any) -> bool:
+        return isinstance(piece, Coded)
+
+    def reserve(self, rows: int) -> None:
+        self.codes.reserve(rows)
 
     def put(self, start: int, piece: Coded) -> None:
         known = self._remaps.get(id(piece.cats))
@@ -103,6 +114,13 @@ class _GrownNullable:
         self.values = _Grown(np.int64, capacity)
         self.mask = _Grown(np.bool_, capacity)
 
+    def fits(self, piece: Any) -> bool:
+        return isinstance(piece, (pd.arrays.IntegerArray, AllNull))
+
+    def reserve(self, rows: int) -> None:
+        self.values.reserve(rows)
+        self.mask.reserve(rows)
+
     def put(self, start: int, piece: Any) -> None:
         if isinstance(piece, AllNull):
             self.values.values[start:start + len(piece)] = 0
@@ -124,6 +142,12 @@ class _Pieces:
         self.name = name
         self.pieces = pieces or []
 
+    def fits(self, piece: Any) -> bool:
+        return True
+
+    def reserve(self, rows: int) -> None:
+        pass
+
     def put(self, start: int, piece: Any) -> None:
         self.pieces.append(piece)
 
@@ -133,16 +157,16 @@ class _Pieces:
 
 class TableBuilder:
     """Appends batches of columns (what `read_batch` sends) into one table; `finish` gives the columns
-    `concat_columns` would have made of them, in the order they came. `batches`: how many are coming,
-    so that the first one's size sizes the columns for all."""
+    `concat_columns` would have made of them, in the order they came."""
 
-    def __init__(self, batches: int = 1) -> None:
+    def __init__(self) -> None:
         self.rows = 0
-        self._batches = max(batches, 1)
+        self._batches = 1
         self._columns: dict[str, Any] = {}
 
     def expect(self, batches: int) -> None:
-        """How many batches are coming (before the first is appended)."""
+        """How many batches are coming (before the first is appended): the first one's size then
+        sizes the columns for all."""
         self._batches = max(batches, 1)
 
     def append(self, cols: Columns) -> tuple[int, int]:
@@ -153,9 +177,9 @@ class TableBuilder:
             self._columns = {name: self._column(name, cols[name], n) for name in ENTRY_COLUMNS}
         for name in ENTRY_COLUMNS:
             column, piece = self._columns[name], cols[name]
-            if not self._fits(column, piece):
+            if not column.fits(piece):
                 column = self._columns[name] = self._as_pieces(name, column)
-            self._reserve(column, stop)
+            column.reserve(stop)
             column.put(start, piece)
         self.rows = stop
         return start, stop
@@ -178,28 +202,6 @@ class TableBuilder:
             return _Pieces(name)
         return _Grown(np.int64 if name in WIDENED_COLUMNS else piece.dtype, capacity)
 
-    @staticmethod
-    def _fits(column: Any, piece: Any) -> bool:
-        if isinstance(column, _Pieces):
-            return True
-        if isinstance(column, _GrownCodes):
-            return isinstance(piece, Coded)
-        if isinstance(column, _GrownNullable):
-            return isinstance(piece, (pd.arrays.IntegerArray, AllNull))
-        return isinstance(piece, np.ndarray) and np.can_cast(piece.dtype, column.values.dtype, casting="same_kind") \
-            and piece.dtype.kind == column.values.dtype.kind
-
     def _as_pieces(self, name: str, column: Any) -> _Pieces:
         """A grown column turned back into pieces (its rows so far as the first one)."""
         return _Pieces(name, [column.done(self.rows)] if self.rows else [])
-
-    @staticmethod
-    def _reserve(column: Any, rows: int) -> None:
-        if isinstance(column, _Grown):
-            column.reserve(rows)
-        elif isinstance(column, _GrownCodes):
-            column.codes.reserve(rows)
-        elif isinstance(column, _GrownNullable):
-            column.values.reserve(rows)
-            column.mask.reserve(rows)
-

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..diagnosis.transfers import Transfers, pair_transfers
-from ..keys import dense_ids, first_rows, group_ids, ids_within_ranks, is_value, pack_keys
+from ..keys import dense_ids, first_rows, fits_int32, group_ids, ids_within_ranks, is_value, pack_keys
 
 MIN_SCORE = 3.5  # robust z-score a persistent straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives
@@ -93,9 +93,7 @@ def _gather(series: pd.Series, rows: np.ndarray | None = None, missing: int = -1
 
 def _int32(values: np.ndarray) -> np.ndarray:
     """`values` in 32 bits when they fit (ranks, sequence numbers, instance ids), else unchanged."""
-    if len(values) and (int(values.min()) < -(1 << 31) or int(values.max()) >= 1 << 31):
-        return values
-    return values.astype(np.int32)
+    return values.astype(_narrow(values), copy=False)
 
 
 def _codes(column: pd.Series) -> tuple[np.ndarray, pd.Index]:
@@ -203,8 +201,7 @@ def _gaps(rank: np.ndarray, enq: np.ndarray, comp: np.ndarray) -> np.ndarray:
 
 def _narrow(values: np.ndarray) -> type:
     """int32 when every value fits (ranks, sequence numbers, peers), else int64."""
-    fits = not len(values) or (int(values.min()) >= -(1 << 31) and int(values.max()) < 1 << 31)
-    return np.int32 if fits else np.int64
+    return np.int32 if fits_int32(values) else np.int64
 
 
 def _values(column: pd.Series) -> np.ndarray:

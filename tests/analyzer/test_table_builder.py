@@ -37,7 +37,8 @@ def test_batches_built_in_place_equal_the_concatenated_table() -> None:
              (12, 40, ["broadcast"], True, True)]
     batches = [_batch(rng, *spec[:3], null_times=spec[3], errors=spec[4]) for spec in specs]
     expected = to_frame(concat_columns([dict(b) for b in batches]))
-    builder = TableBuilder(batches=len(batches))
+    builder = TableBuilder()
+    builder.expect(len(batches))
     spans = [builder.append(b) for b in batches]
     assert spans == [(0, 40), (40, 80), (80, 480), (480, 520)]
     built = builder.finish()
@@ -57,7 +58,8 @@ def test_an_unexpected_piece_turns_its_column_into_pieces() -> None:
     second = _batch(rng, 4, 8, ["all_reduce"], null_times=False, errors=False)
     second["is_async"] = second["is_async"].astype(np.int8)  # not bools this time
     expected = to_frame(concat_columns([dict(first), dict(second)]))
-    builder = TableBuilder(batches=2)
+    builder = TableBuilder()
+    builder.expect(2)
     builder.append(first)
     builder.append(second)
     pd.testing.assert_frame_equal(to_frame(builder.finish()), expected)
@@ -83,7 +85,8 @@ def _as_values(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_all_null_batches_stay_a_length() -> None:
-    builder = TableBuilder(batches=2)
+    builder = TableBuilder()
+    builder.expect(2)
     a, b = slim(finish_columns({"seq": [1, 2]}, 0)), slim(finish_columns({"seq": [3]}, 1))
     assert isinstance(a["stack"], AllNull)
     builder.append(a)
