@@ -39,8 +39,10 @@ from .diagnosis.waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult,
 from .keys import first_rows, ids_within_ranks
 from .memory import release_free_memory
 from .reading import jobs as jobs_mod
+from .reading.columns import SAMPLE_COLUMNS
 from .reading.loader import Dataset, Folders, Progress, load_folder
 from .reading.rankdump import RankDump
+from .reading.sample import SAMPLE_PER_CHANNEL
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
 from .timing.stragglers import SlowResult, find_slow
 
@@ -50,7 +52,7 @@ NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
 
 def load(folder: Folders, workers: int | None = None, progress: Progress | None = None,
-         on_count: Callable[[int], None] | None = None, attempt: int | None = None) -> Analysis:
+         on_count: Callable[[int], None] | None = None, attempt: int | None = None, read: str = "full") -> Analysis:
     """Read a dump folder (flightrec and/or PyTorch flight-recorder dumps) and return its Analysis.
 
     `folder` is a local path or any fsspec URL (`s3://bucket/dumps`, `memory://dumps`, `file://...`),
@@ -59,8 +61,11 @@ def load(folder: Folders, workers: int | None = None, progress: Progress | None 
     `attempt` analyses that torchelastic restart attempt (default: the latest; see analyzers/reading/attempts.py).
     `workers` forces the number of reader processes (default: chosen from the folder's size);
     `on_count(n_files)` and `progress(n_read)` report the reading (the CLI's progress bar).
+    `read`: "full" (every entry), "summary" (each flightrec dump's summary: counters, threads, recent ops;
+    enough for a hang verdict at any size, not for timing: see `Analysis.from_summaries`), or "auto"
+    (summaries from loader.AUTO_SUMMARY_FILES files on).
     """
-    return Analysis(load_folder(folder, workers, progress, on_count, attempt=attempt))
+    return Analysis(load_folder(folder, workers, progress, on_count, attempt=attempt, read=read))
 
 
 class Analysis:
@@ -70,6 +75,13 @@ class Analysis:
         self._data = data
         self.folder = data.folder
         self.entries: pd.DataFrame = data.entries
+        self.timing_entries: pd.DataFrame | None = None  # a sampled read's timing sample (reading/sample.py)
+        if "weight" in data.entries.columns:
+            table = data.entries
+            self.timing_entries = table[table["weight"].to_numpy() > 0].reset_index(drop=True)
+            self.entries = table[table["recent"].to_numpy(dtype=bool)].drop(columns=list(SAMPLE_COLUMNS)).reset_index(drop=True)
+            data.entries = self.entries
+            del table
         self.dumps: dict[int, RankDump] = data.dumps
         self.problems = data.problems
         member = groups_mod.resolve(data.dumps, data.entries, data.problems)
@@ -92,6 +104,7 @@ class Analysis:
         self._notes += stale.notes
         self._absent_code |= {r: R_STALE for r in self.stale}
         self._absent_text |= {r: s.text() for r, s in stale.stale.items()}
+        self.from_summaries = sorted(r for r, d in self.dumps.items() if d.meta.get("summary_only"))
 
     @property
     def dump_table(self) -> pd.DataFrame:
@@ -181,10 +194,16 @@ class Analysis:
     @cached_property
     def slow(self) -> SlowResult:
         """Stragglers, slow links, per-collective lateness and clock offsets (timing analysis)."""
+        if self.from_summaries and self.timing_entries is None:  # a few recent ops per rank: noise, not a measurement
+            return SlowResult(pd.DataFrame(), notes=[SUMMARY_NO_TIMING])
         sizes = dict(zip(self.groups["group"].astype(str), self.groups["size"].astype(int), strict=True))
         wall = {r: int(d.meta["wall_offset_ns"]) for r, d in self.dumps.items() if "wall_offset_ns" in d.meta}
         members = {str(g): list(r) for g, r in self.members.items()}
-        result = find_slow(self.entries, sizes, wall, members, self._transfers)
+        if self.timing_entries is not None:
+            result = find_slow(self.timing_entries, sizes, wall, members, pair_transfers(self.timing_entries))
+            result.notes.append(SAMPLED_TIMING)
+        else:
+            result = find_slow(self.entries, sizes, wall, members, self._transfers)
         release_free_memory()
         return result
 
@@ -201,6 +220,8 @@ class Analysis:
             return INCONCLUSIVE
         if self._waits.waits:
             return HANG
+        if self.from_summaries and self.timing_entries is None:  # nobody waits; slow needs every rank's timing
+            return INCONCLUSIVE
         if self.slow.stragglers:
             return SLOW
         if self._unknown_state:
@@ -231,7 +252,11 @@ class Analysis:
     def gaps(self) -> list[str]:
         """Evidence gaps, each a plain sentence: what could not be read, inferred, or told."""
         out = list(self._notes)
-        out += _wrap_notes(self.entries, self.dumps)
+        if self.from_summaries and self.timing_entries is None:
+            out.append(f"read from the dumps' summaries ({plural(len(self.from_summaries), 'rank')}): each rank's "
+                       "progress counters, threads and last ops; timing and mismatches among older completed ops were "
+                       "not analysed (--read full)")
+        out += _wrap_notes(self.entries, {r: d for r, d in self.dumps.items() if not d.meta.get("summary_only")})
         out += self._matched.notes + self._waits.notes + self._causes.notes
         if self.slow.stragglers or self.verdict not in (HANG, DEADLOCK, CRASH, DESYNC):
             out += self.slow.notes  # why slow ranks could not be told is noise on a hang report
@@ -248,6 +273,7 @@ class Analysis:
         return {
             "schema": REPORT_SCHEMA,
             "verdict": self.verdict,
+            "read": "sampled" if self.timing_entries is not None else "summary" if self.from_summaries else "full",
             "summary": self.summary(),
             "folder": str(self.folder),
             "folders": list(self._data.folders) or [str(self.folder)],
@@ -320,6 +346,9 @@ class Analysis:
             return (f"inconclusive: ranks wait for rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}, whose dump "
                     f"could not be read ({self._absent_text[ranks[0]]}): whether {'they are' if len(ranks) > 1 else 'it is'}"
                     " the culprit cannot be told")
+        if verdict == INCONCLUSIVE and self.from_summaries and self.timing_entries is None:
+            return ("inconclusive: no rank is waiting; the dumps' summaries alone cannot tell a slow rank "
+                    "(read them whole for the timing: --read full)")
         if verdict == INCONCLUSIVE:
             unknown = self._unknown_state
             why = "; ".join(f"rank {r}: {text}" for r, text in list(unknown.items())[:3])
@@ -349,6 +378,12 @@ class Analysis:
         tail = f"; {plural(len(head.victims), 'rank')} {affected}" if head.victims else (
             f"; {n_wait} waiting" if n_wait else "")
         return f"{verdict}: {first}{more}{tail}"
+
+
+SAMPLED_TIMING = (f"timing from a sample: per rank and channel about {SAMPLE_PER_CHANNEL} instances spread over its ring "
+                  "(every n-th, n a power of two), costs scaled by n; the diagnosis from each rank's counters and "
+                  "recent ops (mismatches among older completed ops not checked)")
+SUMMARY_NO_TIMING = "timing not analysed: read from the dumps' summaries (--read full for stragglers and slow links)"
 
 
 def _wrap_notes(entries: pd.DataFrame, dumps: dict[int, RankDump]) -> list[str]:

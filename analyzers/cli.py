@@ -13,13 +13,15 @@ from typing import Any
 
 import click
 
+from .constants import CRASH, DEADLOCK, DESYNC, HANG
 from .reading.columns import concat_entries
-from .reading.loader import AttemptNotFound, UnusableInput, discover
+from .reading.loader import AUTO_SAMPLED_FILES, AttemptNotFound, UnusableInput, discover
 from .reading.rankdump import RankDump
 from .reading.read import rank_from_name, read_path
 from .textutil import ranges
 
 EXIT_UNUSABLE = 2
+BLOCKED = (HANG, DEADLOCK, CRASH, DESYNC)  # verdicts the summaries decide; the others need the timing
 
 
 NO_DUMPS_HINT = ("did the job run with FLIGHTREC=1 in its environment? Each rank dumps into FLIGHTREC_DIR "
@@ -43,9 +45,13 @@ def _fail(message: str, hint: str | None = None) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Text report: every root cause, wait, gap and stack frame (default: ~30 lines).")
 @click.option("--progress", "force_progress", is_flag=True, hidden=True, help="Draw the progress bar even when stderr is not a terminal.")
 @click.option("--attempt", "attempt", type=click.IntRange(min=0), default=None, help="Analyse this torchelastic restart attempt (default: the latest in the folders).")
+@click.option("--read", "read", type=click.Choice(["auto", "summary", "sampled", "full"]), default="auto", show_default=True,
+              help="full: every entry; summary: each dump's summary (counters, threads, recent ops), enough for a hang "
+                   "verdict, not for timing; sampled: the summaries and a bounded timing sample of every ring; auto: "
+                   "summaries from 2,048 dumps on, and if nothing hangs, everything (sampled from 32,768 dumps on).")
 def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, workers: int | None, html: Path | None = None,
                     quiet: bool = False, force_progress: bool = False, hosts: bool = False, verbose: bool = False,
-                    attempt: int | None = None) -> None:
+                    attempt: int | None = None, read: str = "auto") -> None:
     """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL;
     several folders, one per node's local disk, are read as one job)."""
     from .analysis import load
@@ -54,7 +60,14 @@ def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, worker
 
     bar = ReadProgress(enabled=not quiet, force=force_progress)
     try:
-        analysis = load(list(folders), workers=workers, progress=bar.progress, on_count=bar.on_count, attempt=attempt)
+        analysis = load(list(folders), workers=workers, progress=bar.progress, on_count=bar.on_count, attempt=attempt,
+                        read=read)
+        if read == "auto" and analysis.from_summaries and analysis.verdict not in BLOCKED:
+            bar.close()  # nothing blocks: healthy or slow is told by every rank's timing
+            bar = ReadProgress(enabled=not quiet, force=force_progress)
+            again = "sampled" if len(analysis.dumps) >= AUTO_SAMPLED_FILES else "full"
+            analysis = load(list(folders), workers=workers, progress=bar.progress, on_count=bar.on_count,
+                            attempt=attempt, read=again)
     except UnusableInput as exc:
         bar.close()
         _fail(str(exc), None if isinstance(exc, AttemptNotFound) else NO_DUMPS_HINT)

@@ -99,3 +99,7 @@ TORCH_DTYPE_NAMES = {
 # More ranks than any real job: a dump or file name claiming a rank or world size beyond this is
 # rejected, since the analysis ranges over ranks (a fuzzed world_size of 2**63 hung it).
 MAX_RANKS = 1 << 20
+
+# Timing: a rank must be late by at least this much (median) to count as slow, so that scheduler jitter
+# never qualifies; compute gaps shorter than it are overhead (reading/sample.py, timing/stragglers.py).
+MIN_LATE_MS = 0.5

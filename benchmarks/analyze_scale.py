@@ -11,6 +11,7 @@ one 2,000-entry dump written by flightrec's dumper for a real Recorder.
 
     python benchmarks/analyze_scale.py                       # 256, 1024, 4096, 16384 ranks x 2000
     python benchmarks/analyze_scale.py --sizes 256,1024 --torch-timeout 300 --tpdp-sizes ""
+    python benchmarks/analyze_scale.py --ranks 1024,16384,131072   # growth: summary read against full read
 
 "(gave up)": PyTorch's analyzer stopped at its own cap of 10 mismatches in one group (it aligns ranks
 by record id, which pipeline stages with different op counts per step break), so it did less work.
@@ -50,7 +51,7 @@ from analyzers.analysis import Analysis
 from analyzers.reading.loader import load_folder
 from fixtures import synth
 t1 = time.perf_counter()
-data = load_folder({folder!r})
+data = load_folder({folder!r}, read={read!r})
 t2 = time.perf_counter()
 report = Analysis(data).report()
 t3 = time.perf_counter()
@@ -186,8 +187,8 @@ def stolen_share(before: list[int] | None, after: list[int] | None) -> float | N
     return spent[7] / sum(spent) if sum(spent) > 0 else None
 
 
-def run_flightrec(folder: str, ranks: int, fault: str, pp: int | None, mem_gb: float) -> dict:
-    code = ANALYZE_CHILD.format(root=ROOT, folder=folder, ranks=ranks, fault=fault, pp=pp)
+def run_flightrec(folder: str, ranks: int, fault: str, pp: int | None, mem_gb: float, read: str = "full") -> dict:
+    code = ANALYZE_CHILD.format(root=ROOT, folder=folder, ranks=ranks, fault=fault, pp=pp, read=read)
     before = _cpu_times()
     m = measure([sys.executable, "-c", code], timeout=3600, mem_gb=mem_gb)
     stolen = stolen_share(before, _cpu_times())
@@ -285,6 +286,40 @@ def table(sizes: list[int], a: argparse.Namespace, pp: int | None, title: str) -
     return rows
 
 
+def growth(sizes: list[int], a: argparse.Namespace) -> list[dict]:
+    """`--ranks`: how the cost grows with ranks on flightrec dumps, the hang verdict from the summaries
+    against the full read (every entry, timing included)."""
+    from fixtures import synth
+
+    print(f"\nGrowth with ranks (3-D layout, {a.entries} entries per rank, fault {a.fault!r}, flightrec dumps)")
+    print(f"{'ranks':>7} {'write s':>8} {'disk GB':>8} | {'summary read: s':>15} {'GB':>5} {'culprit':>7} | "
+          f"{'full read: s':>12} {'GB':>5} {'culprit':>7}")
+    rows = []
+    for n in sizes:
+        t = time.perf_counter()
+        folder = str(synth.write_folder(os.path.join(a.data, f"flightrec-{a.fault}-{n}x{a.entries}"), n, a.entries,
+                                        a.fault, "flightrec"))
+        write_s = time.perf_counter() - t
+        disk = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file()) / 1e9
+        row: dict = {"ranks": n, "write_s": write_s, "disk_gb": disk}
+        cells = []
+        for read in ("summary", "full"):
+            if read == "full" and n > a.full_up_to:
+                row[read] = {"skipped": True}
+                cells.append(f"{'not run':>12} {'':>5} {'':>7}")
+                continue
+            r = run_flightrec(folder, n, a.fault, None, a.flightrec_mem_gb, read=read)
+            row[read] = r
+            if "error" in r:
+                cells.append(f"{r['error'][:30]:>27}")
+            else:
+                ok = "ok" if not r["errors"] else "WRONG"
+                cells.append(f"{r['end_to_end_s']:>{15 if read == 'summary' else 12}.1f} {r['rss_gb']:>5.2f} {ok:>7}")
+        print(f"{n:>7} {write_s:>8.0f} {disk:>8.2f} | {cells[0]} | {cells[1]}", flush=True)
+        rows.append(row)
+    return rows
+
+
 def yardstick() -> float:
     """Seconds for a fixed piece of work of the kinds the analyzer does (inflate and decode JSON, sort
     and gather with numpy), median of 3. It does not change with flightrec's code, so it tells a
@@ -323,7 +358,26 @@ def main() -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-torch-format", action="store_true", help="skip flightrec on the PyTorch-format copy")
     p.add_argument("--json", default=None, help="also write the raw figures to this file")
+    p.add_argument("--ranks", default=None,
+                   help="instead: the growth table at these rank counts (e.g. 1024,16384,131072), summary and full reads")
+    p.add_argument("--full-up-to", type=int, default=1 << 30, help="with --ranks: skip the full read above this many ranks")
     a = p.parse_args()
+    if a.ranks:
+        sizes = [int(s) for s in a.ranks.split(",") if s]
+        rows = growth(sizes, a)
+        for r in rows:
+            g = r.get("summary", {})
+            if r["ranks"] == 131072:
+                met = "end_to_end_s" in g and g["end_to_end_s"] <= TARGET_S and g["rss_gb"] <= TARGET_GB and not g["errors"]
+                print(f"131,072-rank hang verdict from summaries (<= {TARGET_S:.0f} s, <= {TARGET_GB:.0f} GB, only the "
+                      f"culprit named): {'met' if met else 'NOT met'}")
+                f = r.get("full", {})
+                met = "end_to_end_s" in f and f["end_to_end_s"] <= 600 and f["rss_gb"] <= 16 and not f["errors"]
+                print(f"131,072-rank full report (<= 600 s, <= 16 GB): {'met' if met else 'NOT met'}")
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"growth": rows, "cpus": os.cpu_count()}, fh, indent=2, default=str)
+        return 0
     sizes = [int(s) for s in a.sizes.split(",") if s]
     speed = {"start_s": yardstick()}
     print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start (shared machines vary); "

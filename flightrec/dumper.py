@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import compat, fastpath, launchers, log, peek, torch_fr
+from .dumpfile import encode, recent_positions
 from .entry import Entry, to_tables
 from .progress import group_progress
 from .recorder import Recorder
@@ -153,6 +154,8 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     measured = _enrich_cpp_entries(entries, fr, wall_ns - mono_ns)
     groups = rec.groups.table(referenced={e.group for e in entries})
     columns, templates = to_tables(entries, measured)
+    recent_columns, recent_templates = to_tables(
+        [entries[i] for i in recent_positions([e.state == "completed" for e in entries])], measured)
     launch = _launch()
     return {
         "format": FORMAT,
@@ -186,6 +189,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "exit_record": brief,
         "groups": groups,
         "progress": group_progress(rec),
+        "recent": {"templates": recent_templates, "entries": recent_columns},
         "templates": templates,
         "entries": columns,
         "threads": [] if brief else _with_ops(all_thread_stacks(), rec),
@@ -220,7 +224,7 @@ def write_dump(payload: dict[str, Any], folder: str, replace: bool = True) -> st
                 os.unlink(stale)
             except OSError:
                 pass
-    data = gzip.compress(json.dumps(payload, separators=(",", ":"), default=str).encode(), compresslevel=6)
+    data = encode(payload)
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)

@@ -175,6 +175,11 @@ def _progress(dumps: dict[int, RankDump]) -> tuple[dict[tuple[int, str], tuple[i
     return colls, pairs
 
 
+def _lists_pairs(dump: RankDump | None) -> bool:
+    """flightrec's `progress` has a row per (group, direction, peer) the rank ever posted an op with."""
+    return dump is not None and isinstance(dump.meta.get("progress"), list)
+
+
 # Collectives a member can complete only after every member has entered and contributed: one member's
 # completion shows the others' part is done too.
 SYMMETRIC_OPS = frozenset(("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -428,6 +433,8 @@ def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
         other = "recv" if op == "send" else "send"
         top = hi.get((peer, g, other, w.rank))
         counted = ctx.p2p_progress.get((peer, g, other, w.rank))
+        if counted is None and (peer, g) in ctx.progress and _lists_pairs(ctx.dumps.get(peer)):
+            counted = (0, 0)  # its counters list every peer it ever posted to in the group: none to this one
         if counted is not None:  # the peer's own counters: how many it posted and completed, wrapped or not
             if counted[1] >= k:
                 continue

@@ -85,6 +85,10 @@ ENTRY_COLUMNS = (
 )
 
 
+# Added by a sampled read (sample.py): recent (bool), gap_ns (float), weight (int).
+SAMPLE_COLUMNS = ("recent", "gap_ns", "weight")
+
+
 WIDENED_COLUMNS = ("rank", *INT_COLUMNS)  # int64 in the table, sent between processes in 32 bits when they fit
 
 
@@ -322,7 +326,8 @@ def concat_column(name: str, pieces: list[Any]) -> Any:
 def to_frame(cols: Columns) -> pd.DataFrame:
     """The entry table: string columns as pandas categoricals, columns in ENTRY_COLUMNS order."""
     data: dict[str, Any] = {}
-    for name in ENTRY_COLUMNS:
+    names = [*ENTRY_COLUMNS, *(n for n in SAMPLE_COLUMNS if n in cols)]
+    for name in names:
         value = cols.pop(name)
         if isinstance(value, Coded):
             value = pd.Categorical.from_codes(value.codes, categories=pd.Index(value.cats, dtype=object))
@@ -334,7 +339,7 @@ def to_frame(cols: Columns) -> pd.DataFrame:
             value = pd.Series(value, dtype=object, copy=False)
         data[name] = value
     # copy=False: the columns are fresh, and consolidating them into 2-D blocks would copy them all once more
-    return pd.DataFrame(data, columns=list(ENTRY_COLUMNS), copy=False)
+    return pd.DataFrame(data, columns=names, copy=False)
 
 
 def concat_entries(parts: Sequence[Columns], consume: bool = False) -> pd.DataFrame:

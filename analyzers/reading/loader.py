@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,17 @@ from .columns import Columns, Templated, concat_columns, expand_batch, slim, tak
 from .jobs import split_jobs
 from .rankdump import FileProblem, RankDump, SharedMembers, SideFile
 from .read import rank_from_name, read_path
+from .sample import sample
 from .table_builder import TableBuilder
 
 # Below these, a pool's start-up (forking, pickling frames back) costs more than it saves.
 PARALLEL_MIN_FILES = 8
 PARALLEL_MIN_BYTES = 4 << 20
 BATCH_MIN_FILES, BATCH_MAX_FILES = 8, 256  # files per reader task (see Batch)
+READ_MODES = ("full", "summary", "sampled", "auto")
+AUTO_SUMMARY_FILES = 2048  # from here on a full read takes tens of seconds and gigabytes; a summary read, seconds
+AUTO_SAMPLED_FILES = 32768  # from here on every entry would not fit in memory (~0.4 GB per 1,000 ranks of 2,000)
+SUMMARY_SHARE = 20  # a summary read inflates about a twentieth of a 2,000-entry dump: the pool pays off later
 FORMAT_PREFERENCE = {FMT_FLIGHTREC: 0, FMT_TORCH_PICKLE: 1, FMT_TORCH_JSON: 2}
 
 
@@ -97,10 +103,11 @@ class Batch:
     spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # index in results -> rows
 
 
-def read_batch(names: list[str]) -> Batch:
-    """Read `names` (in a worker process) and merge their entries into one table."""
+def read_batch(names: list[str], mode: str = "full") -> Batch:
+    """Read `names` (in a worker process) and merge their entries into one table. `mode`: "full",
+    "summary" (flightrec dumps' summaries only) or "sampled" (sample.py: recent and sampled rows)."""
     shared = SharedMembers()
-    results = [shared(read_path(n, lazy=True)) for n in names]
+    results = [shared(read_path(n, lazy=True, summary=mode == "summary")) for n in names]
     parts: list[Columns | Templated] = []
     spans: dict[int, tuple[int, int]] = {}
     start = 0
@@ -117,26 +124,55 @@ def read_batch(names: list[str]) -> Batch:
         table = expand_batch(parts)  # type: ignore[arg-type]
     else:  # other formats among them: each expanded alone, rows kept in file order
         table = concat_columns([expand_batch([p]) if isinstance(p, Templated) else p for p in parts], consume=True, trim=False)
+    if mode == "sampled":
+        table, spans = _sampled(table, spans, results)
     return Batch(results, slim(table), spans)  # a worker's heap is short-lived
 
 
+def _sampled(table: Columns, spans: dict[int, tuple[int, int]], results: list[RankDump | FileProblem]
+             ) -> tuple[Columns, dict[int, tuple[int, int]]]:
+    """A batch's rows cut to each ring's recent ops and a timing sample (sample.py). A dump without
+    `recent` (another format, an older writer) keeps every row, all taken as recent."""
+    recent = np.ones(len(table["rank"]), dtype=bool)
+    ids = np.asarray(table["id"])
+    for i, (a, b) in spans.items():
+        dump = results[i]
+        wanted = dump.meta.pop("recent_ids", None) if isinstance(dump, RankDump) else None
+        if isinstance(dump, RankDump) and wanted is not None:
+            recent[a:b] = np.isin(ids[a:b], wanted)
+            dump.meta["summary_only"] = True  # the diagnosis sees its recent ops, as from a summary
+            dump.meta["first_id"] = int(wanted[0]) if len(wanted) else None
+    table, keep = sample(table, recent)
+    before = np.concatenate([[0], np.cumsum(keep)])
+    return table, {i: (int(before[a]), int(before[b])) for i, (a, b) in spans.items()}
+
+
 def read_files(paths: list[Path], builder: TableBuilder, workers: int | None = None, progress: Progress | None = None,
-               full_names: bool = False) -> list[Batch]:
+               full_names: bool = False, mode: str = "full") -> list[Batch]:
     """Read every file, in a process pool when the folder is big enough to pay for one.
     `builder`: the pool's batch tables are appended to it as they arrive (table_builder.py), in
     rank order (serially read dumps keep their own entries). `full_names`: each result's `file` is
-    its path as given, not its name (files of several folders)."""
-    size = sum(_size(p) for p in paths)
+    its path as given, not its name (files of several folders). `mode`: see read_batch."""
+    size = sum(_size(p) for p in paths) // (SUMMARY_SHARE if mode == "summary" else 1)
     cpus = os.cpu_count() or 1
     if workers is None:
         workers = min(cpus, len(paths)) if (len(paths) >= PARALLEL_MIN_FILES and size >= PARALLEL_MIN_BYTES) else 1
     names = sorted(map(str, paths), key=_rank_order)  # batches in rank order: the merged table needs no reordering
     tick = progress or (lambda n: None)
+    if workers <= 1 and mode == "sampled":  # rows are cut per batch: one batch, read here
+        batch = read_batch(names, mode)
+        for n, result in zip(names, batch.results, strict=True):
+            _named(result, n, full_names)
+        if batch.table is not None:
+            builder.append(batch.table)
+            batch.table = None
+        tick(len(names))
+        return [batch]
     if workers <= 1:
         shared = SharedMembers()
         out = []
         for n in names:
-            out.append(_named(shared(read_path(n)), n, full_names))
+            out.append(_named(shared(read_path(n, summary=mode == "summary")), n, full_names))
             tick(1)
         return [Batch(out)]  # entries stay with their dumps: nothing to send across processes
     ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
@@ -151,7 +187,7 @@ def read_files(paths: list[Path], builder: TableBuilder, workers: int | None = N
         gc.disable()
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=reuse_freed_memory) as pool:
-            for names_read, batch in zip(batches, pool.map(read_batch, batches), strict=True):
+            for names_read, batch in zip(batches, pool.map(partial(read_batch, mode=mode), batches), strict=True):
                 for n, result in zip(names_read, batch.results, strict=True):
                     _named(shared(result), n, full_names)
                 if batch.table is not None:
@@ -240,7 +276,8 @@ def _sources(folder: Folders) -> list[_Source]:
 
 
 def load_folder(folder: Folders, workers: int | None = None, progress: Progress | None = None,
-                on_count: Callable[[int], None] | None = None, attempt: int | None = None) -> Dataset:
+                on_count: Callable[[int], None] | None = None, attempt: int | None = None,
+                read: str = "full") -> Dataset:
     """Read a dump folder (a local path or any fsspec URL), or several read as one job (one per
     node's local disk, say), into a Dataset.
 
@@ -248,17 +285,24 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
     picks a torchelastic restart attempt (default: the latest; attempts.py). `on_count` is told the
     number of files before reading starts and `progress` after each one (the CLI's progress bar).
     With several folders, files are named by their path (the same name may be in two folders).
+    `read`: "full"; "summary": only the summary of each flightrec dump (its counters, threads and recent
+    ops: flightrec/dumpfile.py), other formats whole; "sampled": every file whole, keeping of each flightrec
+    ring its recent ops and a timing sample (sample.py); "auto": summaries from AUTO_SUMMARY_FILES files on.
     """
+    if read not in READ_MODES:
+        raise ValueError(f"read must be one of {', '.join(READ_MODES)}, not {read!r}")
     found = _sources(folder)
+    mode = "summary" if read == "auto" and sum(s.count for s in found) >= AUTO_SUMMARY_FILES else (
+        "full" if read == "auto" else read)
     several = len(found) > 1
     if on_count is not None:
         on_count(sum(s.count for s in found))
     local = [p for s in found if s.fs is None for p in s.files]
     builder = TableBuilder()
-    batches = read_files(local, builder, workers, progress, full_names=several) if local else []
+    batches = read_files(local, builder, workers, progress, full_names=several, mode=mode) if local else []
     for s in found:
         if s.fs is not None:  # read in this process: entries stay per dump
-            results = sources.read_all(s.fs, s.names, progress)
+            results = sources.read_all(s.fs, s.names, progress, summary=mode == "summary")
             if several:
                 base = s.given.rstrip("/")
                 for name, result in zip(s.names, results, strict=True):

@@ -17,7 +17,7 @@ import re
 import stat
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
 from . import pickle_columns, read_flightrec, read_torch_fr, safe_pickle
@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 FLIGHTREC_NAME = re.compile(r"^rank-(\d+)(?:\.attempt-\d+)?\.json(?:\.gz)?$")  # attempt: torchelastic restarts
+SUMMARY_CHUNK = 1 << 14  # a summary is a few KB compressed
 TRAILING_RANK = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?(?:\.gz)?$")
 
 
@@ -49,10 +50,12 @@ def rank_from_name(name: str) -> int | None:
 STRICT_READERS = "FLIGHTREC_STRICT_READERS"
 
 
-def read_path(path: str, lazy: bool = False) -> RankDump | FileProblem | SideFile:
+def read_path(path: str, lazy: bool = False, summary: bool = False) -> RankDump | FileProblem | SideFile:
     """Read and normalise one local file; a problem (never an exception) when it cannot be used.
-    `lazy`: a flightrec dump's entries may come back as `columns.Templated` (see read_flightrec.parse)."""
-    return read_with(os.path.basename(path), lambda: _file_bytes(path), lazy)
+    `lazy`: a flightrec dump's entries may come back as `columns.Templated` (see read_flightrec.parse).
+    `summary`: of a flightrec dump, read only its summary member (flightrec/dumpfile.py), its `recent`
+    ops standing for its entries; any other file is read whole."""
+    return read_with(os.path.basename(path), (lambda: _summary_bytes(path)) if summary else (lambda: _file_bytes(path)), lazy)
 
 
 def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> RankDump | FileProblem | SideFile:
@@ -93,13 +96,43 @@ def _side_file(name: str, fetch: Callable[[], bytes], hint: int | None) -> SideF
     return SideFile(file=name, rank=hint, threads=threads)
 
 
-def _file_bytes(path: str) -> bytes:
+def _check_regular(path: str) -> None:
     mode = os.stat(path).st_mode  # follows links; a FIFO would block and /dev/zero never ends: never opened
     if not stat.S_ISREG(mode):
         kind = "named pipe" if stat.S_ISFIFO(mode) else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
         raise DumpError(f"not a regular file ({kind}); not read")
+
+
+def _file_bytes(path: str) -> bytes:
+    _check_regular(path)
     with open(path, "rb") as fh:
         return fh.read()
+
+
+def _summary_bytes(path: str) -> bytes:
+    _check_regular(path)
+    with open(path, "rb") as fh:
+        return summary_of(fh)
+
+
+def summary_of(fh: BinaryIO) -> bytes:
+    """A dump's summary as one JSON object: its first gzip member inflated, the object closed. A file of
+    one member (a dump written whole, another format) or one that is not gzip comes back whole."""
+    magic = fh.read(2)
+    if magic != b"\x1f\x8b":
+        return magic + fh.read()
+    inflate = zlib.decompressobj(31)  # stops at the end of the first member
+    parts = [inflate.decompress(magic)]
+    while not inflate.eof:
+        chunk = fh.read(SUMMARY_CHUNK)
+        if not chunk:
+            break
+        parts.append(inflate.decompress(chunk))
+    head = b"".join(parts).rstrip()
+    if inflate.eof and head.endswith(b","):
+        return head[:-1] + b"}"
+    fh.seek(0)
+    return fh.read()
 
 
 def _read(fetch: Callable[[], bytes], name: str, hint: int | None, lazy: bool) -> RankDump:

@@ -82,9 +82,11 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
     for what, value in (("rank", rank), ("world_size", world)):
         if isinstance(value, int) and value >= MAX_RANKS:
             raise DumpError(f"implausible {what} {str(value)[:24]} (more than {MAX_RANKS} ranks)")
+    summary = "entries" not in obj and isinstance(obj.get("recent"), dict)
+    body = obj["recent"] if summary else obj  # a summary read: its recent ops stand for the ring
     try:
-        cols = _table(obj, "entries")
-        templates = _table(obj, "templates")
+        cols = _table(body, "entries")
+        templates = _table(body, "templates")
     except ValueError as exc:
         raise DumpError(f"bad entries: {exc}") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in cols and c not in templates]
@@ -107,6 +109,10 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
     groups = [_group(g) for g in obj.get("groups") or [] if isinstance(g, dict) and "name" in g]
     meta = {k: obj.get(k) for k in META_FIELDS}
     meta["version"] = f"flightrec {obj.get('flightrec_version')} schema {version}"
+    meta["summary_only"] = summary
+    if not summary and isinstance(obj.get("recent"), dict):  # a sampled read keeps these rows (loader)
+        recent = _table(obj["recent"], "entries").get("id")
+        meta["recent_ids"] = np.asarray(recent, dtype=np.int64) if recent is not None else None
     first_ids = (entries.cols if isinstance(entries, Templated) else entries).get("id")
     meta["first_id"] = int(first_ids[0]) if first_ids is not None and len(first_ids) else None
     clock = obj.get("clock") if isinstance(obj.get("clock"), dict) else {}

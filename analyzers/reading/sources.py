@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .rankdump import FileProblem, RankDump, SharedMembers
-from .read import read_with
+from .read import read_with, summary_of
 
 FETCH_THREADS = 16  # requests in flight; object stores answer in tens of ms each
 
@@ -51,11 +51,21 @@ def discover(url: str) -> tuple[Any, list[str]]:
 
 
 def read_all(fs: Any, paths: list[str], progress: Callable[[int], None] | None = None,
-             threads: int = FETCH_THREADS) -> list[RankDump | FileProblem]:
-    """Fetch and parse every file with a thread pool; results in the order of `paths`."""
+             threads: int = FETCH_THREADS, summary: bool = False) -> list[RankDump | FileProblem]:
+    """Fetch and parse every file with a thread pool; results in the order of `paths`. `summary`: of
+    flightrec dumps, fetch and read only the summary member (read.summary_of)."""
+
+    def whole(path: str) -> bytes:
+        return fs.cat_file(path)
+
+    def head(path: str) -> bytes:
+        with fs.open(path, "rb") as fh:
+            return summary_of(fh)
+
+    fetch = head if summary else whole
 
     def one(path: str) -> RankDump | FileProblem:
-        return read_with(posixpath.basename(path), lambda: fs.cat_file(path))
+        return read_with(posixpath.basename(path), lambda: fetch(path))
 
 
     shared = SharedMembers()

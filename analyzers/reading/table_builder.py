@@ -25,6 +25,7 @@ from .columns import (
     ENTRY_COLUMNS,
     NULLABLE_INT_COLUMNS,
     OBJECT_COLUMNS,
+    SAMPLE_COLUMNS,
     WIDENED_COLUMNS,
     AllNull,
     Columns,
@@ -173,9 +174,10 @@ class TableBuilder:
         """Copy one batch's columns in; returns its rows in the table (start, stop)."""
         n = len(cols["rank"])
         start, stop = self.rows, self.rows + n
-        if not self._columns:
-            self._columns = {name: self._column(name, cols[name], n) for name in ENTRY_COLUMNS}
-        for name in ENTRY_COLUMNS:
+        if not self._columns:  # a sampled read's batches carry SAMPLE_COLUMNS too (every batch, or none)
+            self._columns = {name: self._column(name, cols[name], n) for name in (*ENTRY_COLUMNS, *SAMPLE_COLUMNS)
+                             if name in cols}
+        for name in self._columns:
             column, piece = self._columns[name], cols[name]
             if not column.fits(piece):
                 column = self._columns[name] = self._as_pieces(name, column)
@@ -189,7 +191,7 @@ class TableBuilder:
         columns, self._columns = self._columns, {}
         if not columns:
             return {}
-        return {name: columns[name].done(self.rows) for name in ENTRY_COLUMNS}
+        return {name: column.done(self.rows) for name, column in columns.items()}
 
     def _column(self, name: str, piece: Any, n: int) -> Any:
         capacity = math.ceil(n * self._batches * 1.05) + 1

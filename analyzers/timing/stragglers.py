@@ -19,15 +19,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..constants import MIN_LATE_MS
 from ..diagnosis.transfers import Transfers, pair_transfers
 from ..keys import dense_ids, first_rows, fits_int32, group_ids, ids_within_ranks, is_value, pack_keys
+from ..reading.sample import MIN_COMPUTE_NS, compute_gaps
 
 MIN_SCORE = 3.5  # robust z-score a persistent straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives
 # (of its transfers to one peer: a slow first pipeline stage is late on the send after its compute and
 # not on the one right after it, so half; its median own lateness must still reach MIN_LATE_MS)
 P2P_VOTE_SHARE = 0.5
-MIN_LATE_MS = 0.5  # ... by at least this much (median), so scheduler jitter never qualifies
+# MIN_LATE_MS (constants): ... by at least this much (median), so scheduler jitter never qualifies
 # ... 3 ms where collectives' ends are estimated (C++-issued ones on gloo: the last member's start): the
 # precision of that estimate on a loaded host, where the autograd thread that issues DDP's buckets waits
 # for a core (a healthy 4-rank DDP job on 2 cores had one rank ~2 ms late in 65% of its buckets, 2 runs of 10)
@@ -51,10 +53,6 @@ ONE_OFF_SHARE = 0.8  # ... most of the cost from a single collective
 PERIODIC_SHARE = 0.75  # ... this share of the gaps between its late collectives equal one period
 SHOWN_INSTANCES = 10  # collectives listed per straggler
 SHOWN_COSTS = 100  # ranks listed in the report's `costs` (postmortem.rank_cost has them all)
-# A gap between two blocking ops shorter than this is overhead, not compute: it could never make a
-# rank late enough to count, and as an instance's shortest gap, scheduler noise of a loaded host
-# (0.1-0.3 ms between a send and the next op) would credit every other member with its whole compute.
-MIN_COMPUTE_NS = int(MIN_LATE_MS * 1e6)
 
 
 @dataclass
@@ -128,6 +126,9 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     peer_all = _gather(entries["peer"]) if "peer" in entries.columns else np.full(len(entries), -1, dtype=np.int64)
     group_all, group_names = _codes(entries["group"])
     op_all, op_names = _codes(entries["op"])
+    # a sampled read (reading/sample.py) brings each op's gap, taken on the whole ring, and its weight
+    given_gap = entries["gap_ns"].to_numpy() if "gap_ns" in entries.columns else None
+    weight_all = entries["weight"].to_numpy() if "weight" in entries.columns else None
     n = int(mask.sum())
     out = {"rank": np.empty(n, dtype=_narrow(rank_all)), "seq": np.empty(n, dtype=_narrow(seq_all)),
            "peer": np.empty(n, dtype=_narrow(peer_all)), "group": np.empty(n, dtype=group_all.dtype),
@@ -143,16 +144,21 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
             rows, rank, enq = rows[order], rank[order], enq[order]
         comp = comp_all[rows]
         done = slice(at, at + len(rows))
-        out["gap_ns"][done] = _gaps(rank, enq, comp)
+        out["gap_ns"][done] = given_gap[rows] if given_gap is not None else compute_gaps(rank, enq, comp)
         out["rank"][done], out["t_enqueue_ns"][done], out["t_complete_ns"][done] = rank, enq, comp
         for name, column in (("seq", seq_all), ("peer", peer_all), ("group", group_all), ("op", op_all),
                              ("kind", is_p2p)):
             out[name][done] = column[rows]
+        if weight_all is not None:
+            out.setdefault("weight", np.empty(n, dtype=np.int32))[done] = weight_all[rows]
         at += len(rows)
     # ranks, sequence numbers and peers in 32 bits where they fit, and no duration column (the
     # complete-and-enqueue difference, taken where it is used): at 16k ranks this table has ~30
     # million rows and is alive at the analysis' memory peak
+    if weight_all is not None and "weight" not in out:
+        out["weight"] = np.empty(0, dtype=np.int32)
     return pd.DataFrame({
+        **({"weight": out["weight"]} if weight_all is not None else {}),
         "rank": out["rank"],
         "group": pd.Categorical.from_codes(out["group"], categories=group_names),
         "seq": out["seq"],
@@ -177,28 +183,6 @@ def _rank_slices(rank: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _gaps(rank: np.ndarray, enq: np.ndarray, comp: np.ndarray) -> np.ndarray:
-    """Each op's compute gap (ns; NaN for a rank's first op): rows by rank, then enqueue time."""
-    starts = np.zeros(len(rank), dtype=np.int64)  # each row's first row of its rank
-    if len(rank):
-        cuts = np.flatnonzero(np.diff(rank)) + 1
-        starts[cuts] = cuts
-        starts = np.maximum.accumulate(starts)
-    busy = _running_max(comp, starts)
-    gap = np.empty(len(rank), dtype="float64")
-    gap[0:1] = np.nan
-    np.subtract(enq[1:], busy[:-1], out=gap[1:], casting="unsafe")
-    gap[starts == np.arange(len(rank))] = np.nan  # a rank's first op: gap unknown
-    # Back-to-back ops (a receive then a send) have no compute between them: such an op is
-    # preceded by the rank's latest real compute, so that is the gap it is judged by.
-    latest = np.full(len(gap), -1, dtype=np.int64)
-    real = np.flatnonzero(gap >= MIN_COMPUTE_NS)
-    latest[real] = real
-    latest = np.maximum.accumulate(latest) if len(latest) else latest  # the latest real compute so far...
-    own = latest >= starts  # ... on the same rank
-    return np.where(own, gap[np.maximum(latest, 0)], gap)
-
-
 def _narrow(values: np.ndarray) -> type:
     """int32 when every value fits (ranks, sequence numbers, peers), else int64."""
     return np.int32 if fits_int32(values) else np.int64
@@ -210,20 +194,6 @@ def _values(column: pd.Series) -> np.ndarray:
     if isinstance(array, pd.arrays.IntegerArray) and array.dtype == "Int64":
         return array._data
     return column.to_numpy(dtype="int64", na_value=0)
-
-
-def _running_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Cumulative max restarting at each rank's first row (`starts`): one accumulate over values
-    lifted by segment, so no segment can see the one before it; a group-by when that overflows."""
-    if not len(values):
-        return values
-    low, high = int(values.min()), int(values.max())
-    segment = np.cumsum(starts == np.arange(len(starts))) - 1
-    width = high - low + 1
-    if width * (int(segment[-1]) + 1) >= 1 << 62:
-        return pd.Series(values).groupby(segment, sort=False).cummax().to_numpy()
-    lift = segment * width - low
-    return np.maximum.accumulate(values + lift) - lift
 
 
 def _per_id(reduce: np.ufunc, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -338,12 +308,15 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     # the kept rows of each column (the column itself when every row is kept); ranks and sequence
     # numbers come in 32 bits where they fit (_blocking_ops), instances too: this table stays as long
     # as the analysis
-    columns = {name: ops[name].array if rows is None else ops[name].array[rows] for name in (*LATENESS_COLUMNS, "gap_ns")}
+    names = (*LATENESS_COLUMNS, "gap_ns", *(["weight"] if "weight" in ops.columns else []))
+    columns = {name: ops[name].array if rows is None else ops[name].array[rows] for name in names}
     del ops, rows
     gap = np.asarray(columns.pop("gap_ns"))
     done = pd.DataFrame(columns, copy=False)
     del columns
     done["instance"] = _int32(instance)
+    if "weight" in done.columns and len(done):  # a complete instance stands for its members' largest stride
+        done["weight"] = _per_id(np.maximum, instance, done["weight"].to_numpy())
     done["channel"] = pd.Categorical.from_codes(channel, categories=labels)  # one label per (group, direction, peer)
     del channel
     if not len(done):
@@ -400,6 +373,11 @@ class _Holds:
     vote: np.ndarray  # the most own lateness of its instance, > 0 and at least a quarter of its raw lateness
     gap_known: np.ndarray  # not the rank's first timed op (whose lateness may be start-up skew)
     transfer: np.ndarray  # a send/recv, not a collective
+    weight: np.ndarray | None = None  # a sampled read's: how many instances each stands for (costs scale by it)
+
+    def cost(self, rows: np.ndarray) -> np.ndarray:
+        """`held` of `rows` (a mask), scaled by the weight when sampled."""
+        return self.held[rows] if self.weight is None else self.held[rows] * self.weight[rows]
 
     @property
     def counted(self) -> np.ndarray:
@@ -414,7 +392,8 @@ def _holds(lateness: pd.DataFrame) -> _Holds:
     return _Holds(instance=instance, rank=lateness["rank"].to_numpy().astype(np.int64), own=own,
                   held=np.minimum(own, _per_id(np.maximum, instance, late)),
                   vote=most & (own > 0) & (own >= 0.25 * late), gap_known=_gap_known(lateness),
-                  transfer=_is_transfer(lateness["channel"]))
+                  transfer=_is_transfer(lateness["channel"]),
+                  weight=lateness["weight"].to_numpy() if "weight" in lateness.columns else None)
 
 
 def _vote_z(h: _Holds, live: np.ndarray, width: int) -> np.ndarray:
@@ -508,7 +487,7 @@ def rank_costs(lateness: pd.DataFrame, holds: _Holds | None = None) -> pd.DataFr
     out = pd.DataFrame(index=pd.Index(present, name="rank"))
     out["n"] = n[present]
     out["window_ns"] = window
-    out["cost_ns"] = np.bincount(rank[vote], weights=h.held[vote], minlength=width)[present]
+    out["cost_ns"] = np.bincount(rank[vote], weights=h.cost(vote), minlength=width)[present]
     out["votes"] = np.bincount(rank[vote], minlength=width)[present].astype(int)
     voted = pd.Series(h.own[vote]).groupby(rank[vote]).median()  # the voting rows only: few
     out["late_ns_when_late"] = voted.reindex(out.index, fill_value=0.0)
@@ -547,9 +526,10 @@ def cost_pattern(lateness: pd.DataFrame, rank: int, holds: _Holds | None = None)
     if (vote & coll).any():  # else a slow pipeline stage, found on its transfers: its cost is theirs
         vote &= coll
     held_all = h.held[mine]
-    cost = float(held_all[vote].sum())
+    costs = h.cost(mine)
+    cost = float(costs[vote].sum())
     groups = lateness["group"].astype(str).to_numpy()[mine]
-    by_group = pd.Series(held_all[vote]).groupby(groups[vote]).sum().sort_values(ascending=False)
+    by_group = pd.Series(costs[vote]).groupby(groups[vote]).sum().sort_values(ascending=False)
     vote &= held_all >= MIN_COMPUTE_NS  # the pattern of the holds that matter, not of jitter's
     held = held_all[vote]
     rank_instances = h.instance[mine]
