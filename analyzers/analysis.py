@@ -39,12 +39,13 @@ from .diagnosis.waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult,
 from .keys import first_rows, ids_within_ranks
 from .memory import release_free_memory
 from .reading import jobs as jobs_mod
+from .reading.cluster import client_for, map_on
 from .reading.columns import SAMPLE_COLUMNS
 from .reading.loader import Dataset, Folders, Progress, load_folder
 from .reading.rankdump import RankDump
 from .reading.sample import SAMPLE_PER_CHANNEL
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
-from .timing.stragglers import SlowResult, find_slow
+from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
 
 SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
 
@@ -52,7 +53,8 @@ NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
 
 def load(folder: Folders, workers: int | None = None, progress: Progress | None = None,
-         on_count: Callable[[int], None] | None = None, attempt: int | None = None, read: str = "full") -> Analysis:
+         on_count: Callable[[int], None] | None = None, attempt: int | None = None, read: str = "full",
+         dask: str | None = None) -> Analysis:
     """Read a dump folder (flightrec and/or PyTorch flight-recorder dumps) and return its Analysis.
 
     `folder` is a local path or any fsspec URL (`s3://bucket/dumps`, `memory://dumps`, `file://...`),
@@ -64,15 +66,19 @@ def load(folder: Folders, workers: int | None = None, progress: Progress | None 
     `read`: "full" (every entry), "summary" (each flightrec dump's summary: counters, threads, recent ops;
     enough for a hang verdict at any size, not for timing: see `Analysis.from_summaries`), or "auto"
     (summaries from loader.AUTO_SUMMARY_FILES files on).
+    `dask`: a Dask scheduler's address: the files are read, and the timing pass run per group of
+    collectives, as tasks on its workers (reading/cluster.py); the report is the same.
+    Raises `ClusterUnavailable` when Dask is not installed or no scheduler answers.
     """
-    return Analysis(load_folder(folder, workers, progress, on_count, attempt=attempt, read=read))
+    return Analysis(load_folder(folder, workers, progress, on_count, attempt=attempt, read=read, dask=dask), dask=dask)
 
 
 class Analysis:
     """Entries, groups, the rank-dependency graph and the report of one dump folder."""
 
-    def __init__(self, data: Dataset) -> None:
+    def __init__(self, data: Dataset, dask: str | None = None) -> None:
         self._data = data
+        self._dask = dask
         self.folder = data.folder
         self.entries: pd.DataFrame = data.entries
         self.timing_entries: pd.DataFrame | None = None  # a sampled read's timing sample (reading/sample.py)
@@ -199,11 +205,16 @@ class Analysis:
         sizes = dict(zip(self.groups["group"].astype(str), self.groups["size"].astype(int), strict=True))
         wall = {r: int(d.meta["wall_offset_ns"]) for r, d in self.dumps.items() if "wall_offset_ns" in d.meta}
         members = {str(g): list(r) for g, r in self.members.items()}
-        if self.timing_entries is not None:
-            result = find_slow(self.timing_entries, sizes, wall, members, pair_transfers(self.timing_entries))
-            result.notes.append(SAMPLED_TIMING)
+        entries = self.timing_entries if self.timing_entries is not None else self.entries
+        transfers = pair_transfers(entries) if self.timing_entries is not None else self._transfers
+        if self._dask is not None:  # every instance lies within one group: the groups' parts timed on the cluster
+            with client_for(self._dask) as client:
+                result = find_slow(entries, sizes, wall, members, transfers,
+                                   run_parts=lambda parts, sizes: map_on(client, lateness_of_ops, parts, group_sizes=sizes))
         else:
-            result = find_slow(self.entries, sizes, wall, members, self._transfers)
+            result = find_slow(entries, sizes, wall, members, transfers)
+        if self.timing_entries is not None:
+            result.notes.append(SAMPLED_TIMING)
         release_free_memory()
         return result
 

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from .constants import CRASH, DEADLOCK, DESYNC, HANG
+from .reading.cluster import ClusterUnavailable
 from .reading.columns import concat_entries
 from .reading.loader import AUTO_SAMPLED_FILES, AttemptNotFound, UnusableInput, discover
 from .reading.rankdump import RankDump
@@ -49,9 +50,12 @@ def _fail(message: str, hint: str | None = None) -> None:
               help="full: every entry; summary: each dump's summary (counters, threads, recent ops), enough for a hang "
                    "verdict, not for timing; sampled: the summaries and a bounded timing sample of every ring; auto: "
                    "summaries from 2,048 dumps on, and if nothing hangs, everything (sampled from 32,768 dumps on).")
+@click.option("--dask", "dask", metavar="ADDRESS", default=None,
+              help="Read the files, and time each group's collectives, as tasks on this Dask scheduler (needs the dask "
+                   "extra; every worker reads the same paths or URLs).")
 def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, workers: int | None, html: Path | None = None,
                     quiet: bool = False, force_progress: bool = False, hosts: bool = False, verbose: bool = False,
-                    attempt: int | None = None, read: str = "auto") -> None:
+                    attempt: int | None = None, read: str = "auto", dask: str | None = None) -> None:
     """Name the stalled, dead, mismatched or deadlocked ranks of the dumps in FOLDER (a path or an fsspec URL;
     several folders, one per node's local disk, are read as one job)."""
     from .analysis import load
@@ -61,13 +65,18 @@ def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, worker
     bar = ReadProgress(enabled=not quiet, force=force_progress)
     try:
         analysis = load(list(folders), workers=workers, progress=bar.progress, on_count=bar.on_count, attempt=attempt,
-                        read=read)
+                        read=read, dask=dask)
         if read == "auto" and analysis.from_summaries and analysis.verdict not in BLOCKED:
             bar.close()  # nothing blocks: healthy or slow is told by every rank's timing
             bar = ReadProgress(enabled=not quiet, force=force_progress)
             again = "sampled" if len(analysis.dumps) >= AUTO_SAMPLED_FILES else "full"
             analysis = load(list(folders), workers=workers, progress=bar.progress, on_count=bar.on_count,
-                            attempt=attempt, read=again)
+                            attempt=attempt, read=again, dask=dask)
+        report = analysis.report()
+    except ClusterUnavailable as exc:
+        bar.close()
+        _fail(str(exc))
+        return
     except UnusableInput as exc:
         bar.close()
         _fail(str(exc), None if isinstance(exc, AttemptNotFound) else NO_DUMPS_HINT)
@@ -75,7 +84,6 @@ def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, worker
     bar.close()
     for problem in analysis.problems:
         click.echo(f"flightrec: skipped {problem.line()}", err=True)
-    report = analysis.report()
     if dot is not None:
         dot.write_text(to_dot(analysis.graph, report))
     if html is not None:

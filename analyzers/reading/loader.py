@@ -27,6 +27,7 @@ from ..memory import release_free_memory, reuse_freed_memory
 from ..textutil import ranges
 from . import read_torch_fr, sources
 from .attempts import NoSuchAttempt, split_attempts
+from .cluster import client_for
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
 from .jobs import split_jobs
 from .rankdump import FileProblem, RankDump, SharedMembers, SideFile
@@ -41,7 +42,7 @@ BATCH_MIN_FILES, BATCH_MAX_FILES = 8, 256  # files per reader task (see Batch)
 READ_MODES = ("full", "summary", "sampled", "auto")
 AUTO_SUMMARY_FILES = 2048  # from here on a full read takes tens of seconds and gigabytes; a summary read, seconds
 AUTO_SAMPLED_FILES = 32768  # from here on every entry would not fit in memory (~0.4 GB per 1,000 ranks of 2,000)
-SUMMARY_SHARE = 20  # a summary read inflates about a twentieth of a 2,000-entry dump: the pool pays off later
+PARALLEL_MIN_SUMMARIES = 256  # a summary costs a file's opening and a few KB: the pool pays off by file count
 FORMAT_PREFERENCE = {FMT_FLIGHTREC: 0, FMT_TORCH_PICKLE: 1, FMT_TORCH_JSON: 2}
 
 
@@ -106,8 +107,9 @@ class Batch:
 def read_batch(names: list[str], mode: str = "full") -> Batch:
     """Read `names` (in a worker process) and merge their entries into one table. `mode`: "full",
     "summary" (flightrec dumps' summaries only) or "sampled" (sample.py: recent and sampled rows)."""
-    shared = SharedMembers()
-    results = [shared(read_path(n, lazy=True, summary=mode == "summary")) for n in names]
+    shared = SharedMembers(keep_ranges=True)
+    results = [shared(read_path(n, lazy=True, summary=mode == "summary") if "://" not in n
+                      else sources.read_url(n, lazy=True, summary=mode == "summary")) for n in names]
     parts: list[Columns | Templated] = []
     spans: dict[int, tuple[int, int]] = {}
     start = 0
@@ -153,21 +155,15 @@ def read_files(paths: list[Path], builder: TableBuilder, workers: int | None = N
     `builder`: the pool's batch tables are appended to it as they arrive (table_builder.py), in
     rank order (serially read dumps keep their own entries). `full_names`: each result's `file` is
     its path as given, not its name (files of several folders). `mode`: see read_batch."""
-    size = sum(_size(p) for p in paths) // (SUMMARY_SHARE if mode == "summary" else 1)
     cpus = os.cpu_count() or 1
     if workers is None:
-        workers = min(cpus, len(paths)) if (len(paths) >= PARALLEL_MIN_FILES and size >= PARALLEL_MIN_BYTES) else 1
+        worth = (len(paths) >= PARALLEL_MIN_SUMMARIES if mode == "summary" else
+                 len(paths) >= PARALLEL_MIN_FILES and sum(_size(p) for p in paths) >= PARALLEL_MIN_BYTES)
+        workers = min(cpus, len(paths)) if worth else 1
     names = sorted(map(str, paths), key=_rank_order)  # batches in rank order: the merged table needs no reordering
     tick = progress or (lambda n: None)
     if workers <= 1 and mode == "sampled":  # rows are cut per batch: one batch, read here
-        batch = read_batch(names, mode)
-        for n, result in zip(names, batch.results, strict=True):
-            _named(result, n, full_names)
-        if batch.table is not None:
-            builder.append(batch.table)
-            batch.table = None
-        tick(len(names))
-        return [batch]
+        return _collect([names], [read_batch(names, mode)], builder, tick, full_names)
     if workers <= 1:
         shared = SharedMembers()
         out = []
@@ -176,29 +172,55 @@ def read_files(paths: list[Path], builder: TableBuilder, workers: int | None = N
             tick(1)
         return [Batch(out)]  # entries stay with their dumps: nothing to send across processes
     ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
-    # a few batches per worker keep both busy to the end and the progress bar moving
-    size = max(BATCH_MIN_FILES, min(BATCH_MAX_FILES, len(names) // (workers * 8) or 1))
-    batches = [names[i:i + size] for i in range(0, len(names), size)]
-    shared = SharedMembers()
-    out = []
+    batches = _batches(names, workers)
     builder.expect(len(batches))
     paused = gc.isenabled()
     if paused:  # each batch unpickles ~10^4 containers: collections would rescan every earlier batch's
         gc.disable()
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=reuse_freed_memory) as pool:
-            for names_read, batch in zip(batches, pool.map(partial(read_batch, mode=mode), batches), strict=True):
-                for n, result in zip(names_read, batch.results, strict=True):
-                    _named(shared(result), n, full_names)
-                if batch.table is not None:
-                    start, _ = builder.append(batch.table)
-                    batch.table = None
-                    batch.spans = {i: (a + start, b + start) for i, (a, b) in batch.spans.items()}
-                out.append(batch)
-                tick(len(batch.results))
+            return _collect(batches, pool.map(partial(read_batch, mode=mode), batches), builder, tick, full_names)
     finally:
         if paused:
             gc.enable()
+
+
+def read_on_cluster(client: Any, names: list[str], builder: TableBuilder, progress: Progress | None = None,
+                    full_names: bool = False, mode: str = "full") -> list[Batch]:
+    """`read_files` with the batches read as Dask tasks (`--dask`): each worker reads its files itself
+    (local paths on a filesystem the workers share, or fsspec URLs), and only the batches' tables, a
+    sampled or summary read's bounded rows, come back to this process."""
+    names = sorted(names, key=_rank_order)
+    workers = max(1, len(client.scheduler_info().get("workers", {})))
+    batches = _batches(names, workers)
+    builder.expect(len(batches))
+    futures = client.map(read_batch, batches, mode=mode, pure=False)
+    results = (future.result() for future in futures)
+    try:
+        return _collect(batches, results, builder, progress or (lambda n: None), full_names)
+    finally:
+        client.cancel(futures)
+
+
+def _batches(names: list[str], workers: int) -> list[list[str]]:
+    """A few batches per worker keep all busy to the end and the progress bar moving."""
+    size = max(BATCH_MIN_FILES, min(BATCH_MAX_FILES, len(names) // (workers * 8) or 1))
+    return [names[i:i + size] for i in range(0, len(names), size)]
+
+
+def _collect(batches: list[list[str]], results: Any, builder: TableBuilder, tick: Progress, full_names: bool) -> list[Batch]:
+    """Each batch's table appended to `builder` as it arrives, in order; the per-file results kept."""
+    shared = SharedMembers()
+    out = []
+    for names_read, batch in zip(batches, results, strict=True):
+        for n, result in zip(names_read, batch.results, strict=True):
+            _named(shared(result), n, full_names)
+        if batch.table is not None:
+            start, _ = builder.append(batch.table)
+            batch.table = None
+            batch.spans = {i: (a + start, b + start) for i, (a, b) in batch.spans.items()}
+        out.append(batch)
+        tick(len(batch.results))
     return out
 
 
@@ -277,7 +299,7 @@ def _sources(folder: Folders) -> list[_Source]:
 
 def load_folder(folder: Folders, workers: int | None = None, progress: Progress | None = None,
                 on_count: Callable[[int], None] | None = None, attempt: int | None = None,
-                read: str = "full") -> Dataset:
+                read: str = "full", dask: str | None = None) -> Dataset:
     """Read a dump folder (a local path or any fsspec URL), or several read as one job (one per
     node's local disk, say), into a Dataset.
 
@@ -288,6 +310,7 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
     `read`: "full"; "summary": only the summary of each flightrec dump (its counters, threads and recent
     ops: flightrec/dumpfile.py), other formats whole; "sampled": every file whole, keeping of each flightrec
     ring its recent ops and a timing sample (sample.py); "auto": summaries from AUTO_SUMMARY_FILES files on.
+    `dask`: the address of a Dask scheduler; the files are then read as tasks on its workers (cluster.py).
     """
     if read not in READ_MODES:
         raise ValueError(f"read must be one of {', '.join(READ_MODES)}, not {read!r}")
@@ -299,7 +322,13 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         on_count(sum(s.count for s in found))
     local = [p for s in found if s.fs is None for p in s.files]
     builder = TableBuilder()
-    batches = read_files(local, builder, workers, progress, full_names=several, mode=mode) if local else []
+    if dask is not None:  # every file, local or remote, read by the cluster's workers
+        names = [str(p) for p in local] + [s.fs.unstrip_protocol(n) for s in found if s.fs is not None for n in s.names]
+        with client_for(dask) as client:
+            batches = read_on_cluster(client, names, builder, progress, full_names=several, mode=mode)
+        found = [s for s in found if s.fs is None]
+    else:
+        batches = read_files(local, builder, workers, progress, full_names=several, mode=mode) if local else []
     for s in found:
         if s.fs is not None:  # read in this process: entries stay per dump
             results = sources.read_all(s.fs, s.names, progress, summary=mode == "summary")
@@ -317,6 +346,8 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         raise AttemptNotFound(f"{where}: {exc}") from None
     split = split_jobs(tried.kept)  # another job's dumps: set aside, named
     dumps, notes = _one_per_rank(split.kept)
+    for d in dumps.values():
+        d.meta.pop("recent_ids", None)  # a sampled read has used them
     notes = split.notes + notes
     problems += _attach_side_files([r for r in everything if isinstance(r, SideFile)], dumps)
     if not dumps:

@@ -23,7 +23,7 @@ class GroupInfo:
     name: str
     desc: str = ""
     backend: str = ""
-    ranks: tuple[int, ...] | None = None
+    ranks: tuple[int, ...] | range | None = None  # a range only until SharedMembers makes it a shared tuple
 
 
 @dataclass
@@ -78,20 +78,29 @@ class SharedMembers:
     take ~10 GB (ints above 256 are separate objects), one shared tuple takes 0.6 MB.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_ranges: bool = False) -> None:
+        self.keep_ranges = keep_ranges  # a reader process: ranges cross to the parent as three numbers
         self._seen: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._by_id: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # id -> (object, shared)
+        self._ranges: dict[range, tuple[int, ...]] = {}
 
     def __call__(self, result: RankDump | FileProblem) -> RankDump | FileProblem:
         if isinstance(result, RankDump):
             for g in result.groups:
-                if g.ranks is not None:
+                if g.ranks is not None and not (self.keep_ranges and isinstance(g.ranks, range)):
                     g.ranks = self._share(g.ranks)
         return result
 
-    def _share(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+    def _share(self, ranks: tuple[int, ...] | range) -> tuple[int, ...]:
         """Dumps read by one worker already share their tuples: an object seen before is found by
-        its id (held here, so the id cannot be reused), without hashing 16,384 ints per dump."""
+        its id (held here, so the id cannot be reused), without hashing 16,384 ints per dump. A
+        range (evenly spaced members, as dumps write them from 16 on) hashes in constant time."""
+        if isinstance(ranks, range):
+            shared = self._ranges.get(ranks)
+            if shared is None:
+                members = tuple(ranks)
+                shared = self._ranges[ranks] = self._seen.setdefault(members, members)
+            return shared
         known = self._by_id.get(id(ranks))
         if known is not None:
             return known[1]

@@ -110,9 +110,13 @@ def parse(obj: dict[str, Any], file: str, rank_hint: int | None, lazy: bool = Fa
     meta = {k: obj.get(k) for k in META_FIELDS}
     meta["version"] = f"flightrec {obj.get('flightrec_version')} schema {version}"
     meta["summary_only"] = summary
-    if not summary and isinstance(obj.get("recent"), dict):  # a sampled read keeps these rows (loader)
-        recent = _table(obj["recent"], "entries").get("id")
-        meta["recent_ids"] = np.asarray(recent, dtype=np.int64) if recent is not None else None
+    recent = obj.get("recent")
+    if not summary and isinstance(recent, dict) and isinstance(recent.get("entries"), dict):
+        ids = recent["entries"].get("id")  # a sampled read keeps these rows (loader)
+        try:
+            meta["recent_ids"] = np.asarray(unpack(ids, "recent id") if _is_packed(ids) else ids, dtype=np.int64)
+        except (ValueError, TypeError, DumpError):  # a damaged `recent`: a sampled read then keeps the whole ring
+            meta["recent_ids"] = None
     first_ids = (entries.cols if isinstance(entries, Templated) else entries).get("id")
     meta["first_id"] = int(first_ids[0]) if first_ids is not None and len(first_ids) else None
     clock = obj.get("clock") if isinstance(obj.get("clock"), dict) else {}
@@ -221,32 +225,24 @@ def _dtypes(text: str) -> str:
     return ",".join(_LOWER_DTYPES.get(t, t) for t in dtype_text(text).split(",") if t)
 
 
-_RANGES_SEEN: dict[tuple[int, int, int], tuple[int, ...]] = {}  # per reader process; bounded below
-
-
-def _range_members(spec: dict[str, Any], group: str) -> tuple[int, ...]:
-    """`{"start", "stop", "step"}` members (Python's range), checked, one tuple per range."""
+def _range_members(spec: dict[str, Any], group: str) -> range:
+    """`{"start", "stop", "step"}` members (Python's range), checked. Kept a range until the loader
+    shares it as a tuple (rankdump.SharedMembers): the world group of 131,072 ranks crosses from a
+    reader process as three numbers, not as 131,072 ints per batch."""
     bounds = (spec.get("start"), spec.get("stop"), spec.get("step", 1))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in bounds) or bounds[2] <= 0:
         raise DumpError(f"group {group[:40]!r} has a bad member range {str(spec)[:80]}")
-    key = (int(bounds[0]), int(bounds[1]), int(bounds[2]))
-    known = _RANGES_SEEN.get(key)
-    if known is not None:
-        return known
-    span = range(*key)
+    span = range(int(bounds[0]), int(bounds[1]), int(bounds[2]))
     if not span or span[0] < 0 or span[-1] >= MAX_RANKS:
         raise DumpError(f"group {group[:40]!r} has implausible member ranks")
-    if len(_RANGES_SEEN) > 4096:
-        _RANGES_SEEN.clear()
-    members = _RANGES_SEEN[key] = tuple(span)
-    return members
+    return span
 
 
 def _group(g: dict[str, Any]) -> GroupInfo:
     ranks = g.get("ranks")
     name = str(g["name"])
     if isinstance(ranks, dict):
-        members: tuple[int, ...] | None = _range_members(ranks, name)
+        members: tuple[int, ...] | range | None = _range_members(ranks, name)
     else:
         members = _members(ranks, name) if isinstance(ranks, list) and ranks else None
     return GroupInfo(name=name, desc=str(g.get("desc") or ""), backend=str(g.get("backend") or ""), ranks=members)

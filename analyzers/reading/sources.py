@@ -50,6 +50,21 @@ def discover(url: str) -> tuple[Any, list[str]]:
     return fs, sorted(files)
 
 
+def read_url(url: str, lazy: bool = False, summary: bool = False) -> RankDump | FileProblem:
+    """One file named by its fsspec URL, fetched where this runs (a Dask worker, `--dask`)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+
+    def fetch() -> bytes:
+        if not summary:
+            return fs.cat_file(path)
+        with fs.open(path, "rb") as fh:
+            return summary_of(fh)
+
+    return read_with(posixpath.basename(path), fetch, lazy)
+
+
 def read_all(fs: Any, paths: list[str], progress: Callable[[int], None] | None = None,
              threads: int = FETCH_THREADS, summary: bool = False) -> list[RankDump | FileProblem]:
     """Fetch and parse every file with a thread pool; results in the order of `paths`. `summary`: of

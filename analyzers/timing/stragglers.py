@@ -12,6 +12,7 @@ members leave a blocking collective at almost the same instant.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
@@ -293,7 +294,11 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
 LATENESS_COLUMNS = ("rank", "group", "seq", "op", "t_enqueue_ns", "t_complete_ns")
 
 
-def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
+RunParts = Callable[[list[pd.DataFrame], dict[str, int]], list[pd.DataFrame]]
+
+
+def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int], run_parts: RunParts | None = None
+                        ) -> pd.DataFrame:
     """Lateness of every member of every complete blocking collective and blocking transfer.
 
     `late_ns`: the longest wait in the instance minus the member's own (0 for the last to arrive).
@@ -301,14 +306,25 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     gap before the op was than the shortest gap there. A rank that arrives late only because it
     was held up in an earlier op by someone else (a pipeline stage behind a slow one, the last
     stage draining) gets little of it; the slow rank gets all of it.
+
+    `run_parts`: times the ops split by group elsewhere (`lateness_of_ops` on each part, e.g. as Dask
+    tasks); the result is the same table.
     """
     ops = _blocking_ops(entries)
+    if run_parts is not None and len(ops):
+        return _lateness_by_group(ops, group_sizes, run_parts)
+    return lateness_of_ops(ops, group_sizes)
+
+
+def lateness_of_ops(ops: pd.DataFrame, group_sizes: dict[str, int]) -> pd.DataFrame:
+    """`collective_lateness` of the blocking ops (`_blocking_ops`) of whole groups: every instance lies
+    within one group, so the ops can be split by group and each part timed alone (a Dask task)."""
     rows, instance, channel, labels = _instances(ops, group_sizes) if len(ops) else (
         None, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), pd.Index([], dtype=object))
     # the kept rows of each column (the column itself when every row is kept); ranks and sequence
     # numbers come in 32 bits where they fit (_blocking_ops), instances too: this table stays as long
     # as the analysis
-    names = (*LATENESS_COLUMNS, "gap_ns", *(["weight"] if "weight" in ops.columns else []))
+    names = (*LATENESS_COLUMNS, "gap_ns", *(c for c in ("weight", "_at") if c in ops.columns))
     columns = {name: ops[name].array if rows is None else ops[name].array[rows] for name in names}
     del ops, rows
     gap = np.asarray(columns.pop("gap_ns"))
@@ -339,6 +355,68 @@ def collective_lateness(entries: pd.DataFrame, group_sizes: dict[str, int]) -> p
     done["gap_known"] = gap_known
     done["last"] = last
     return done
+
+
+PARTS_PER_WORKER = 4  # group parts per cluster worker: the parts' sizes vary with their groups'
+
+
+def _lateness_by_group(ops: pd.DataFrame, group_sizes: dict[str, int], run_parts: RunParts, parts: int = 8) -> pd.DataFrame:
+    """`lateness_of_ops` over parts of whole groups, run by `run_parts`, joined back: rows in the ops'
+    order, instances numbered in key order and channels in order of first appearance, as one pass
+    over all the ops numbers them, so that the rest of the analysis cannot tell the difference."""
+    codes = ops["group"].cat.codes.to_numpy()
+    ops = ops.assign(_at=np.arange(len(ops)))
+    pieces = run_parts([ops[np.isin(codes, chunk)].reset_index(drop=True) for chunk in _group_chunks(codes, parts)],
+                       group_sizes)
+    pieces = [p.drop(columns=["instance", "channel"]) for p in pieces if len(p)]
+    if not pieces:
+        return lateness_of_ops(ops.iloc[:0].drop(columns=["_at"]), group_sizes)
+    done = pd.concat(pieces, ignore_index=True)
+    done = done.iloc[np.argsort(done["_at"].to_numpy(), kind="stable")].reset_index(drop=True)
+    at = done.pop("_at").to_numpy()
+    is_p2p = (ops["kind"].cat.codes.to_numpy() == 1)[at]
+    send = is_value(ops["op"], "send")[at]
+    rank, peer = ops["rank"].to_numpy()[at].astype(np.int64), ops["peer"].to_numpy()[at].astype(np.int64)
+    src = np.where(is_p2p, np.where(send, rank, peer), 0)
+    dst = np.where(is_p2p, np.where(send, peer, rank), 0)
+    instance = dense_ids([is_p2p.astype(np.int64), codes[at].astype(np.int64), src, dst,
+                          ops["seq"].to_numpy()[at].astype(np.int64)])
+    where = done.columns.get_loc("late_ns")  # the columns in `lateness_of_ops`' order
+    done.insert(where, "instance", _int32(instance))
+    channel, labels = _channel_of_rows(ops)
+    done.insert(where + 1, "channel", pd.Categorical.from_codes(channel[at], categories=labels))
+    if "weight" in done.columns:  # a complete instance stands for its members' largest stride
+        done["weight"] = _per_id(np.maximum, instance, done["weight"].to_numpy())
+    return done
+
+
+def _group_chunks(codes: np.ndarray, parts: int) -> list[np.ndarray]:
+    """Group codes in `parts` runs of about equal rows (a group is never split)."""
+    counts = np.bincount(codes[codes >= 0]) if len(codes) else np.zeros(0, dtype=np.int64)
+    present = np.flatnonzero(counts)
+    if not len(present):
+        return []
+    edges = np.searchsorted(np.cumsum(counts[present]), np.linspace(0, counts.sum(), parts + 1)[1:-1], side="right")
+    return [c for c in np.split(present, np.unique(edges)) if len(c)]
+
+
+def _channel_of_rows(ops: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
+    """Each op's channel as `_instances` numbers it (over the usable rows: transfers with a known peer), -1 elsewhere."""
+    is_p2p = (ops["kind"].cat.codes == 1).to_numpy()
+    is_send, peer = is_value(ops["op"], "send"), ops["peer"].to_numpy()
+    usable = ~is_p2p | ((is_send | is_value(ops["op"], "recv")) & (peer >= 0))
+    group_code = ops["group"].cat.codes.to_numpy()[usable]
+    p2p = np.flatnonzero(is_p2p[usable])
+    direction = np.zeros(int(usable.sum()), dtype=np.int8)
+    direction[p2p] = np.where(is_send[usable][p2p], 1, 2)
+    names = np.asarray(ops["group"].cat.categories.astype(str))
+    channel, first = _channels(group_code, direction, peer[usable], p2p, len(names))
+    labels = pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
+                       f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[usable][i]}"
+                       for i in first], dtype=object)
+    out = np.full(len(ops), -1, dtype=np.int32)
+    out[usable] = channel
+    return out, labels
 
 
 def clock_offsets(lateness: pd.DataFrame, wall_offsets: dict[int, int]) -> dict[int, float]:
@@ -535,13 +613,16 @@ def cost_pattern(lateness: pd.DataFrame, rank: int, holds: _Holds | None = None)
     rank_instances = h.instance[mine]
     part = pd.DataFrame({"instance": rank_instances[vote], "held": held,
                          "group": lateness["group"].to_numpy()[mine][vote], "seq": lateness["seq"].to_numpy()[mine][vote]})
-    pattern, period, involved = _pattern(part, int(mine.sum()), np.sort(rank_instances))
+    # the share of its collectives it held up; a sampled read counts each kept one for its stride
+    weight = np.ones(int(mine.sum())) if h.weight is None else h.weight[mine].astype(np.float64)
+    share = float(weight[vote].sum()) / max(float(weight.sum()), 1.0)
+    pattern, period, involved = _pattern(part, share, np.sort(rank_instances))
     return {"cost_ns": cost, "pattern": pattern, "period": period, "instances": involved,
-            "share": len(part) / max(int(mine.sum()), 1),
+            "share": share,
             "by_group": {str(g): round(float(v) / 1e6, 3) for g, v in by_group.items()}}
 
 
-def _pattern(part: pd.DataFrame, n: int, rank_instances: np.ndarray) -> tuple[str, int | None, list[str]]:
+def _pattern(part: pd.DataFrame, share: float, rank_instances: np.ndarray) -> tuple[str, int | None, list[str]]:
     if part.empty:
         return "intermittent", None, []
     part = part.sort_values("instance")
@@ -549,7 +630,7 @@ def _pattern(part: pd.DataFrame, n: int, rank_instances: np.ndarray) -> tuple[st
     held = part["held"].to_numpy()
     if len(part) == 1 or (held.sum() > 0 and held.max() >= ONE_OFF_SHARE * held.sum()):
         return "one-off", None, shown
-    if len(part) >= PERSISTENT_SHARE * n:
+    if share >= PERSISTENT_SHARE:
         return "persistent", None, shown
     position = np.searchsorted(rank_instances, part["instance"].to_numpy())  # its k-th collective
     gaps = np.diff(position)
@@ -674,9 +755,10 @@ def _estimated_completions(entries: pd.DataFrame, wall_offsets: dict[int, int]) 
 
 
 def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: dict[int, int],
-              members: dict[str, list[int]] | None = None, transfers: Transfers | None = None) -> SlowResult:
+              members: dict[str, list[int]] | None = None, transfers: Transfers | None = None,
+              run_parts: RunParts | None = None) -> SlowResult:
     entries, estimated = _estimated_completions(entries, wall_offsets)
-    lateness = collective_lateness(entries, group_sizes)
+    lateness = collective_lateness(entries, group_sizes, run_parts)
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
     if estimated:
         result.notes.append(f"{estimated} collectives (issued from C++, e.g. DDP's Reducer) have a measured start but "

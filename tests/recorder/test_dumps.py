@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,20 @@ def test_sleeping_rank_makes_every_rank_dump_within_the_timeout(tmp_path: Path) 
         assert [(e["op"], e["seq"]) for e in pending] == [("all_reduce", 3)], pending
     assert not [e for e in entries(sleeper) if e["state"] == "started"]
     assert all(d["world_size"] == 4 and d["job_id"] for d in dumps.values())
+    # each file's first gzip member is the summary: counters, threads and the recent ops, pending one included
+    for rank in range(4):
+        raw = (tmp_path / f"rank-{rank:05d}.json.gz").read_bytes()
+        inflate = zlib.decompressobj(31)
+        head = inflate.decompress(raw)
+        assert inflate.eof and inflate.unused_data and head.endswith(b",")
+        summary = json.loads(head[:-1] + b"}")
+        assert "entries" not in summary and summary["progress"] and summary["threads"]
+        assert summary["recent"]["entries"]["id"], rank
+    import analyzers
+
+    report = analyzers.load(tmp_path, read="summary").report()
+    assert report["read"] == "summary"
+    assert [(c["rank"], c["kind"]) for c in report["root_causes"]] == [(2, "not_entered")], report["root_causes"]
 
 
 @pytest.mark.parametrize("waited", [False, True], ids=["blocking", "async-wait"])
