@@ -84,6 +84,15 @@ def test_a_summary_read_inflates_the_first_member_only(tmp_path: Path) -> None:
     assert "truncated" in read_path(str(cut)).reason
 
 
+def test_a_damaged_summary_is_named_with_its_file(tmp_path: Path) -> None:
+    """A first member that is not the open top of a JSON object: the file is named, with what is wrong."""
+    path = tmp_path / "rank-00001.json.gz"
+    path.write_bytes(gzip.compress(b'{"format":"flightrec-dump","schema_version":6,"ra,')
+                     + gzip.compress(b'"templates":{},"entries":{}}'))
+    got = read_path(str(path), summary=True)
+    assert not isinstance(got, RankDump) and got.file == path.name and "invalid" in got.reason, got
+
+
 def test_a_dump_written_in_one_member_is_read_whole(tmp_path: Path) -> None:
     job = builders.Job(2)
     job.collective("0")
