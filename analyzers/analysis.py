@@ -64,8 +64,9 @@ def load(folder: Folders, workers: int | None = None, progress: Progress | None 
     `workers` forces the number of reader processes (default: chosen from the folder's size);
     `on_count(n_files)` and `progress(n_read)` report the reading (the CLI's progress bar).
     `read`: "full" (every entry), "summary" (each flightrec dump's summary: counters, threads, recent ops;
-    enough for a hang verdict at any size, not for timing: see `Analysis.from_summaries`), or "auto"
-    (summaries from loader.AUTO_SUMMARY_FILES files on).
+    enough for a hang verdict at any size, not for timing: see `Analysis.from_summaries`), "sampled" (the
+    summaries and a bounded timing sample of every ring: reading/sample.py), or "auto" (summaries from
+    loader.AUTO_SUMMARY_FILES files on).
     `dask`: a Dask scheduler's address: the files are read, and the timing pass run per group of
     collectives, as tasks on its workers (reading/cluster.py); the report is the same.
     Raises `ClusterUnavailable` when Dask is not installed or no scheduler answers.
@@ -111,6 +112,11 @@ class Analysis:
         self._absent_code |= {r: R_STALE for r in self.stale}
         self._absent_text |= {r: s.text() for r, s in stale.stale.items()}
         self.from_summaries = sorted(r for r, d in self.dumps.items() if d.meta.get("summary_only"))
+
+    @property
+    def _untimed(self) -> bool:
+        """Read from summaries alone: no rank's timing to tell slow from healthy."""
+        return bool(self.from_summaries) and self.timing_entries is None
 
     @property
     def dump_table(self) -> pd.DataFrame:
@@ -200,7 +206,7 @@ class Analysis:
     @cached_property
     def slow(self) -> SlowResult:
         """Stragglers, slow links, per-collective lateness and clock offsets (timing analysis)."""
-        if self.from_summaries and self.timing_entries is None:  # a few recent ops per rank: noise, not a measurement
+        if self._untimed:  # a few recent ops per rank: noise, not a measurement
             return SlowResult(pd.DataFrame(), notes=[SUMMARY_NO_TIMING])
         sizes = dict(zip(self.groups["group"].astype(str), self.groups["size"].astype(int), strict=True))
         wall = {r: int(d.meta["wall_offset_ns"]) for r, d in self.dumps.items() if "wall_offset_ns" in d.meta}
@@ -231,7 +237,7 @@ class Analysis:
             return INCONCLUSIVE
         if self._waits.waits:
             return HANG
-        if self.from_summaries and self.timing_entries is None:  # nobody waits; slow needs every rank's timing
+        if self._untimed:  # nobody waits; slow needs every rank's timing
             return INCONCLUSIVE
         if self.slow.stragglers:
             return SLOW
@@ -263,7 +269,7 @@ class Analysis:
     def gaps(self) -> list[str]:
         """Evidence gaps, each a plain sentence: what could not be read, inferred, or told."""
         out = list(self._notes)
-        if self.from_summaries and self.timing_entries is None:
+        if self._untimed:
             out.append(f"read from the dumps' summaries ({plural(len(self.from_summaries), 'rank')}): each rank's "
                        "progress counters, threads and last ops; timing and mismatches among older completed ops were "
                        "not analysed (--read full)")
@@ -357,7 +363,7 @@ class Analysis:
             return (f"inconclusive: ranks wait for rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}, whose dump "
                     f"could not be read ({self._absent_text[ranks[0]]}): whether {'they are' if len(ranks) > 1 else 'it is'}"
                     " the culprit cannot be told")
-        if verdict == INCONCLUSIVE and self.from_summaries and self.timing_entries is None:
+        if verdict == INCONCLUSIVE and self._untimed:
             return ("inconclusive: no rank is waiting; the dumps' summaries alone cannot tell a slow rank "
                     "(read them whole for the timing: --read full)")
         if verdict == INCONCLUSIVE:

@@ -139,8 +139,10 @@ def _sampled(table: Columns, spans: dict[int, tuple[int, int]], results: list[Ra
     ids = np.asarray(table["id"])
     for i, (a, b) in spans.items():
         dump = results[i]
-        wanted = dump.meta.pop("recent_ids", None) if isinstance(dump, RankDump) else None
-        if isinstance(dump, RankDump) and wanted is not None:
+        if not isinstance(dump, RankDump):
+            continue
+        wanted = dump.meta.pop("recent_ids", None)
+        if wanted is not None:
             recent[a:b] = np.isin(ids[a:b], wanted)
             dump.meta["summary_only"] = True  # the diagnosis sees its recent ops, as from a summary
             dump.meta["first_id"] = int(wanted[0]) if len(wanted) else None
