@@ -2,20 +2,22 @@
 
 Why: a rank whose ring filled up with another group's ops keeps no entry of the group the others
 wait in, yet it knows how far it got in every group. The counters are read at dump time from the
-group state and the ops still in flight, so the hot path pays nothing for them.
+group state and the ops still in flight, so the hot path pays nothing for them. `counters` imports
+no torch: the fixtures' dump writer applies the same rule to synthetic rings.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .entry import Entry
-from .recorder import Recorder
+if TYPE_CHECKING:
+    from .entry import Entry
+    from .recorder import Recorder
 
-_OPEN = ("enqueued", "started", "unknown")
+OPEN_STATES = ("enqueued", "started", "unknown")  # an op in one of these holds its group's `completed` back
 
 
-def _counters(entered: int, open_seqs: list[tuple[int, str]]) -> dict[str, int]:
+def counters(entered: int, open_seqs: list[tuple[int, str]]) -> dict[str, int]:
     """entered / started / completed from the last position entered and the (seq, state) of its open ops.
 
     Ops complete in order within one group (one stream, one gloo queue), so the first open op bounds
@@ -38,7 +40,7 @@ def group_progress(rec: Recorder) -> list[dict[str, Any]]:
     open_ops: dict[str, list[Entry]] = {}
     unknown: dict[str, int] = {}
     for e in rec.in_flight() + list(rec.cpp_open):
-        if e.state in _OPEN and e.seq > 0:
+        if e.state in OPEN_STATES and e.seq > 0:
             open_ops.setdefault(e.group, []).append(e)
         if e.state == "unknown":
             unknown[e.group] = unknown.get(e.group, 0) + 1
@@ -48,7 +50,7 @@ def group_progress(rec: Recorder) -> list[dict[str, Any]]:
         pending = open_ops.get(group.name, [])
         colls = [(e.seq, e.state) for e in pending if e.kind == "coll"]
         row: dict[str, Any] = {"group": group.name, "kind": "coll", "live": id(group) in live,
-                               **_counters(group.coll_seq, colls)}
+                               **counters(group.coll_seq, colls)}
         if unknown.get(group.name):
             row["unknown"] = unknown[group.name]
         rows.append(row)
@@ -56,5 +58,5 @@ def group_progress(rec: Recorder) -> list[dict[str, Any]]:
             for peer, entered in sorted(counts.items()):
                 mine = [(e.seq, e.state) for e in pending if e.kind == "p2p" and e.op == op and e.peer == peer]
                 rows.append({"group": group.name, "kind": "p2p", "op": op, "peer": peer,
-                             **_counters(entered, mine)})
+                             **counters(entered, mine)})
     return rows

@@ -39,7 +39,7 @@ def sample(table: Columns, recent: np.ndarray) -> tuple[Columns, np.ndarray]:
     enq, enq_known = _ints(table["t_enqueue_ns"], n)
     comp, comp_known = _ints(table["t_complete_ns"], n)
     is_coll, is_p2p = _is(table["kind"], "coll", n), _is(table["kind"], "p2p", n)
-    is_async = np.asarray(table["is_async"], dtype=bool) if "is_async" in table else np.zeros(n, dtype=bool)
+    is_async = np.asarray(table["is_async"], dtype=bool)
     blocking = (is_coll | is_p2p) & _is(table["state"], "completed", n) & (seq >= 0) & ~is_async & enq_known & comp_known
     rows = np.flatnonzero(blocking)
     r, e = rank[rows], enq[rows]
@@ -50,8 +50,8 @@ def sample(table: Columns, recent: np.ndarray) -> tuple[Columns, np.ndarray]:
     send = _is(table["op"], "send", n)
     direction = np.where(is_p2p, np.where(send, 1, 2), 0)[rows]
     peer = np.where(is_p2p, np.asarray(table["peer"], dtype=np.int64), -1)[rows]
-    group = table["group"].codes[rows] if isinstance(table["group"], Coded) else np.zeros(len(rows), dtype=np.int64)
-    channel = dense_ids([rank[rows], np.asarray(group, dtype=np.int64), direction, peer])
+    group = np.asarray(table["group"].codes[rows], dtype=np.int64)  # a text column: Coded (columns.py)
+    channel = dense_ids([rank[rows], group, direction, peer])
     count = np.bincount(channel) if len(channel) else np.zeros(0, dtype=np.int64)
     stride = (2 ** np.ceil(np.log2(np.maximum(count / SAMPLE_PER_CHANNEL, 1)))).astype(np.int64)[channel]
     taken = seq[rows] % stride == 0
@@ -64,16 +64,12 @@ def sample(table: Columns, recent: np.ndarray) -> tuple[Columns, np.ndarray]:
 
 
 def _ints(column: object, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A nullable integer column's values and where they are known."""
+    """A nullable integer column's values and where they are known (columns.nullable_ints' types)."""
     if isinstance(column, AllNull):
         return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
     if isinstance(column, pd.arrays.IntegerArray):
         return column._data.astype(np.int64, copy=False), ~column._mask
-    values = np.asarray(column)
-    if values.dtype == object:
-        known = np.array([v is not None for v in values], dtype=bool)
-        return np.where(known, values, 0).astype(np.int64), known
-    return values.astype(np.int64, copy=False), np.ones(n, dtype=bool)
+    return np.asarray(column, dtype=np.int64), np.ones(n, dtype=bool)  # no nulls
 
 
 def _is(column: object, value: str, n: int) -> np.ndarray:

@@ -50,11 +50,9 @@ def discover(url: str) -> tuple[Any, list[str]]:
     return fs, sorted(files)
 
 
-def read_url(url: str, lazy: bool = False, summary: bool = False) -> RankDump | FileProblem:
-    """One file named by its fsspec URL, fetched where this runs (a Dask worker, `--dask`)."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url)
+def read_one(fs: Any, path: str, lazy: bool = False, summary: bool = False) -> RankDump | FileProblem:
+    """One file of `fs`, fetched and parsed here. `summary`: of a flightrec dump, only its summary
+    member is fetched and read (read.summary_of)."""
 
     def fetch() -> bytes:
         if not summary:
@@ -65,23 +63,20 @@ def read_url(url: str, lazy: bool = False, summary: bool = False) -> RankDump | 
     return read_with(posixpath.basename(path), fetch, lazy)
 
 
+def read_url(url: str, lazy: bool = False, summary: bool = False) -> RankDump | FileProblem:
+    """One file named by its fsspec URL, fetched where this runs (a Dask worker, `--dask`)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return read_one(fs, path, lazy, summary)
+
+
 def read_all(fs: Any, paths: list[str], progress: Callable[[int], None] | None = None,
              threads: int = FETCH_THREADS, summary: bool = False) -> list[RankDump | FileProblem]:
-    """Fetch and parse every file with a thread pool; results in the order of `paths`. `summary`: of
-    flightrec dumps, fetch and read only the summary member (read.summary_of)."""
-
-    def whole(path: str) -> bytes:
-        return fs.cat_file(path)
-
-    def head(path: str) -> bytes:
-        with fs.open(path, "rb") as fh:
-            return summary_of(fh)
-
-    fetch = head if summary else whole
+    """Fetch and parse every file with a thread pool; results in the order of `paths`. `summary`: see read_one."""
 
     def one(path: str) -> RankDump | FileProblem:
-        return read_with(posixpath.basename(path), lambda: fetch(path))
-
+        return read_one(fs, path, summary=summary)
 
     shared = SharedMembers()
     out: list[RankDump | FileProblem] = []

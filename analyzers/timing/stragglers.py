@@ -136,6 +136,10 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
            "op": np.empty(n, dtype=op_all.dtype), "kind": np.empty(n, dtype=np.int8),
            "t_enqueue_ns": np.empty(n, dtype=np.int64), "t_complete_ns": np.empty(n, dtype=np.int64),
            "gap_ns": np.empty(n, dtype=np.float64)}
+    gathered = [("seq", seq_all), ("peer", peer_all), ("group", group_all), ("op", op_all), ("kind", is_p2p)]
+    if weight_all is not None:
+        out["weight"] = np.empty(n, dtype=np.int32)
+        gathered.append(("weight", weight_all))
     at = 0
     for a, b in _rank_slices(rank_all):
         rows = np.flatnonzero(mask[a:b]) + a
@@ -147,19 +151,13 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
         done = slice(at, at + len(rows))
         out["gap_ns"][done] = given_gap[rows] if given_gap is not None else compute_gaps(rank, enq, comp)
         out["rank"][done], out["t_enqueue_ns"][done], out["t_complete_ns"][done] = rank, enq, comp
-        for name, column in (("seq", seq_all), ("peer", peer_all), ("group", group_all), ("op", op_all),
-                             ("kind", is_p2p)):
+        for name, column in gathered:
             out[name][done] = column[rows]
-        if weight_all is not None:
-            out.setdefault("weight", np.empty(n, dtype=np.int32))[done] = weight_all[rows]
         at += len(rows)
     # ranks, sequence numbers and peers in 32 bits where they fit, and no duration column (the
     # complete-and-enqueue difference, taken where it is used): at 16k ranks this table has ~30
     # million rows and is alive at the analysis' memory peak
-    if weight_all is not None and "weight" not in out:
-        out["weight"] = np.empty(0, dtype=np.int32)
     return pd.DataFrame({
-        **({"weight": out["weight"]} if weight_all is not None else {}),
         "rank": out["rank"],
         "group": pd.Categorical.from_codes(out["group"], categories=group_names),
         "seq": out["seq"],
@@ -168,6 +166,7 @@ def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
         "peer": out["peer"],
         "t_enqueue_ns": out["t_enqueue_ns"], "t_complete_ns": out["t_complete_ns"],
         "gap_ns": out["gap_ns"],
+        **({"weight": out["weight"]} if weight_all is not None else {}),
     }, copy=False)
 
 
@@ -220,6 +219,14 @@ def _channels(group_code: np.ndarray, direction: np.ndarray, peer: np.ndarray, p
     renumber = np.full(len(first), -1, dtype=np.int32)
     renumber[order] = np.arange(len(order))
     return renumber[raw], first[order]
+
+
+def _channel_labels(names: np.ndarray, group_code: np.ndarray, direction: np.ndarray, peer: np.ndarray,
+                    first: np.ndarray) -> pd.Index:
+    """Each channel's label from its first row: `<group>`, `<group> send to <peer>`, `<group> recv from <peer>`."""
+    return pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
+                     f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}"
+                     for i in first], dtype=object)
 
 
 def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, pd.Index]:
@@ -278,9 +285,7 @@ def _instances(ops: pd.DataFrame, group_sizes: dict[str, int]) -> tuple[np.ndarr
     direction = np.zeros(len(is_p2p), dtype=np.int8)
     direction[p2p] = np.where(is_send[p2p], 1, 2)
     channel, first = _channels(group_code, direction, peer, p2p, len(names))
-    labels = pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
-                       f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[i]}"
-                       for i in first], dtype=object)
+    labels = _channel_labels(names, group_code, direction, peer, first)
     del direction, group_code, peer
     if complete.all():  # every instance complete: the ids are 0..k-1 already
         return usable, instance, channel, labels
@@ -410,10 +415,9 @@ def _channel_of_rows(ops: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
     direction = np.zeros(int(usable.sum()), dtype=np.int8)
     direction[p2p] = np.where(is_send[usable][p2p], 1, 2)
     names = np.asarray(ops["group"].cat.categories.astype(str))
-    channel, first = _channels(group_code, direction, peer[usable], p2p, len(names))
-    labels = pd.Index([f"{names[group_code[i]]}" if direction[i] == 0 else
-                       f"{names[group_code[i]]} {'send to' if direction[i] == 1 else 'recv from'} {peer[usable][i]}"
-                       for i in first], dtype=object)
+    peer = peer[usable]
+    channel, first = _channels(group_code, direction, peer, p2p, len(names))
+    labels = _channel_labels(names, group_code, direction, peer, first)
     out = np.full(len(ops), -1, dtype=np.int32)
     out[usable] = channel
     return out, labels
