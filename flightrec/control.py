@@ -135,6 +135,25 @@ _lock = threading.Lock()
 _fork_hook_installed = False
 
 
+def _before_fork() -> None:
+    """The held-GIL timer must not run across a fork: the child would deadlock cancelling it (gilwatch.py)."""
+    armed = _state
+    if armed is not None:
+        try:
+            armed.watchdog.before_fork()
+        except Exception:  # noqa: BLE001 - a fork must never fail because of us
+            pass
+
+
+def _after_fork_in_parent() -> None:
+    armed = _state
+    if armed is not None:
+        try:
+            armed.watchdog.after_fork_in_parent()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _after_fork_in_child() -> None:
     global _state
     armed = _state
@@ -237,7 +256,8 @@ def enable(**options: Any) -> bool:
             return False
         _state = armed
         if not _fork_hook_installed:
-            os.register_at_fork(after_in_child=_after_fork_in_child)
+            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                               after_in_child=_after_fork_in_child)
             atexit.register(_at_exit)
             _fork_hook_installed = True
         return True

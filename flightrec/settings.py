@@ -41,6 +41,7 @@ class Settings:
     snapshot_s: float = 0.0  # > 0: the watchdog rewrites this rank's dump every so many seconds
     on_hang: str = "wait"  # "abort": exit non-zero after a hang dump, so the launcher restarts the job
     abort_grace_s: float = DEFAULT_ABORT_GRACE_S
+    gil_watch: bool = True  # faulthandler's timer writes the stacks when the watchdog cannot run (gilwatch.py)
     poll_s: float = field(default=0.0)  # 0 = derived from timeout_s
 
     @property
@@ -61,6 +62,7 @@ class Settings:
             "snapshot_s": self.snapshot_s,
             "on_hang": self.on_hang,
             "abort_grace_s": self.abort_grace_s,
+            "gil_watch": self.gil_watch,
         }
 
 
@@ -146,6 +148,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         values["on_hang"] = _parse_on_hang(env["FLIGHTREC_ON_HANG"])
     if "FLIGHTREC_ABORT_GRACE_S" in env:
         values["abort_grace_s"] = _parse_abort_grace(env["FLIGHTREC_ABORT_GRACE_S"])
+    if "FLIGHTREC_GIL_WATCH" in env:
+        values["gil_watch"] = _parse_bool("FLIGHTREC_GIL_WATCH", env["FLIGHTREC_GIL_WATCH"])
     for key, value in overrides.items():
         if key not in Settings.__dataclass_fields__:
             raise SettingsError(f"flightrec.enable() got an unknown option {key!r}")
@@ -162,7 +166,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             value = _parse_on_hang(str(value))
         elif key == "abort_grace_s":
             value = _parse_abort_grace(str(value))
-        elif key in ("stacks", "dump_on_exit"):
+        elif key in ("stacks", "dump_on_exit", "gil_watch"):
             value = bool(value)
         elif key == "dir":
             value = os.fspath(value)  # type: ignore[arg-type]

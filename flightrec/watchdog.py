@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 
 from . import launchers, log, torch_fr
+from .dumper import dump_filename, joined, process_rank, restart_attempt
 from .entry import Entry, format_site
+from .gilwatch import GilWatch, limit_for
 from .group_timeouts import Limits, derive_limits, unsafe_setting, warning_text
 from .onhang import HANG_REQUEST, UNCONFIRMED_REQUEST, HangAction, peer_what
 from .recorder import Recorder
@@ -47,8 +49,10 @@ class Watchdog:
                  term: TermHandler) -> None:
         self.rec = rec
         self.settings = settings
-        self._dump = dump
+        self._dump_fn = dump
         self.term = term
+        # faulthandler's C timer, re-armed from here: it writes the stacks when this thread cannot run
+        self.gil = GilWatch(limit_for(settings.timeout_s, settings.watchdog_tick_s)) if settings.gil_watch else None
         self.store = StoreTrigger()
         self.files = FileTrigger(settings.dir)
         self.hang = HangAction(settings)  # FLIGHTREC_ON_HANG: told of every hang dump
@@ -73,6 +77,8 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
 
     def start(self) -> None:
+        if self.gil is not None:
+            self.gil.install()
         self._thread.start()
 
     def stop(self, timeout: float = LONGEST_STORE_CALL_S + 1.0) -> None:
@@ -82,6 +88,8 @@ class Watchdog:
         self.wake()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self.gil is not None:
+            self.gil.stop()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -97,6 +105,14 @@ class Watchdog:
     def notify_failure(self, entry: Entry, dumped: bool) -> None:
         self._failures.append((entry, dumped))
         self.wake()
+
+    def before_fork(self) -> None:
+        if self.gil is not None:
+            self.gil.before_fork()
+
+    def after_fork_in_parent(self) -> None:
+        if self.gil is not None:
+            self.gil.tick()  # at once: the training thread may hold the GIL from here on
 
     def dumped_now(self) -> None:
         self.last_dump_mono_ns = time.monotonic_ns()
@@ -124,7 +140,30 @@ class Watchdog:
                 except OSError:
                     pass
 
+    def _watch_gil(self, grace_s: float = 0.0) -> None:
+        """Re-arm the held-GIL timer; its file is opened once this process is a rank (joined a group: a
+        spawned DataLoader worker that inherited RANK never is), under the name of the rank's dump."""
+        gil = self.gil
+        if gil is None:
+            return
+        if not gil.opened:
+            rank = process_rank()[0] if joined() else -1
+            if rank < 0:
+                return
+            try:
+                gil.open(self.settings.dir, dump_filename(rank, restart_attempt()), rank)
+            except OSError as exc:
+                self.gil = None
+                log.warn_once("gil-watch-file", f"cannot create the stacks file in {self.settings.dir}: {exc!r}")
+                return
+        gil.tick(grace_s)
+
+    def _dump(self, reason: str, detail: str | None) -> bool:
+        self._watch_gil(LONGEST_STORE_CALL_S)  # a dump takes this thread a while: no stacks for that
+        return self._dump_fn(reason, detail)
+
     def _tick(self) -> None:
+        self._watch_gil()
         if self.term.drain():
             self.term.handle_from_watchdog()
             return
@@ -158,6 +197,7 @@ class Watchdog:
         if self._stop.is_set() or now < self._next_store_poll:
             return  # no new store call once stopping: it could outlast the join
         self._next_store_poll = now + _STORE_POLL_EVERY_S
+        self._watch_gil(LONGEST_STORE_CALL_S)  # the store may take that long to answer
         request = self.store.poll()
         if request is not None:
             written = self._dump("peer_request", request[1])
