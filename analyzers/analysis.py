@@ -175,7 +175,7 @@ class Analysis:
     @cached_property
     def _causes(self) -> CauseResult:
         result = find_causes(self.graph, self._waits.waits, self._matched, self.dumps, self._absent_text,
-                             self.entries, self.groups, self.failures)
+                             self.entries, self.groups, self.failures, self._data.gil_stacks)
         # a mismatch that completed before anything blocked is a finding, listed after what hangs the job
         result.causes.sort(key=lambda c: c.kind == MISMATCH and (c.group, c.seq) not in self._deciding_positions)
         return result

@@ -3,7 +3,7 @@
 Why: a rank stuck in C code that holds the GIL (a C extension's loop, a ctypes.PyDLL call) runs no
 Python thread, so the watchdog never dumps and the rank reads as dead. faulthandler's "later" timer
 is a C thread that writes every Python thread's stack without taking the GIL. The watchdog re-arms it
-every quarter of its limit (and around its own calls that may block: a dump, a store request), so it fires only when the watchdog has not run for most of the limit:
+every quarter of its limit (and before it writes a dump, with the time a dump may take added), so it fires only when the watchdog has not run for most of the limit:
 the GIL is held (or the process is stuck in C with every Python thread). It writes to
 `rank-NNNNN.stacks.txt` beside the rank's dump, opened once (the C thread allocates nothing); its
 first line (written here, when the file is opened) says what the file is; the file's modification
@@ -83,13 +83,13 @@ class GilWatch:
         faulthandler.dump_traceback_later = dump_traceback_later  # type: ignore[assignment]
         faulthandler.cancel_dump_traceback_later = cancel_dump_traceback_later  # type: ignore[assignment]
 
-    def open(self, folder: str, dump_name: str, rank: int) -> None:
+    def open(self, folder: str, dump_name: str, rank: int, attempt: int = 0) -> None:
         """Create the stacks file and write its header line (once, from Python; faulthandler appends)."""
         path = os.path.join(folder, stacks_filename(dump_name))
         os.makedirs(folder, exist_ok=True)
         handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps writing to it
         main = threading.main_thread().ident or 0
-        header = (f"{MAGIC} rank={rank} pid={os.getpid()} main=0x{main:016x} watchdog=0x{threading.get_ident():016x} "
+        header = (f"{MAGIC} rank={rank} attempt={attempt} pid={os.getpid()} main=0x{main:016x} watchdog=0x{threading.get_ident():016x} "
                   f"limit_s={self.limit_s:g} opened_unix_s={time.time():.3f}\n"
                   f"# written by faulthandler when flightrec's watchdog thread did not run for {self.limit_s:g} s "
                   "(the GIL held, or the process stuck in C); the file's modification time is the time of the last "

@@ -151,7 +151,8 @@ class Watchdog:
             if rank < 0:
                 return
             try:
-                gil.open(self.settings.dir, dump_filename(rank, restart_attempt()), rank)
+                attempt = restart_attempt()
+                gil.open(self.settings.dir, dump_filename(rank, attempt), rank, attempt)
             except OSError as exc:
                 self.gil = None
                 log.warn_once("gil-watch-file", f"cannot create the stacks file in {self.settings.dir}: {exc!r}")
@@ -197,7 +198,6 @@ class Watchdog:
         if self._stop.is_set() or now < self._next_store_poll:
             return  # no new store call once stopping: it could outlast the join
         self._next_store_poll = now + _STORE_POLL_EVERY_S
-        self._watch_gil(LONGEST_STORE_CALL_S)  # the store may take that long to answer
         request = self.store.poll()
         if request is not None:
             written = self._dump("peer_request", request[1])

@@ -30,7 +30,7 @@ from ..constants import (
     NOT_ENTERED,
     STARTED,
 )
-from ..reading.rankdump import RankDump
+from ..reading.rankdump import RankDump, SideFile
 from ..textutil import plural, ranges
 from . import failures as fail
 from .matching import MatchResult
@@ -59,6 +59,7 @@ class Cause:
     group_desc: str = ""
     source: list[str | None] = field(default_factory=list)  # each stack frame's source line, where known
     last_op: str | None = None  # the rank's newest recorded op, as text
+    gil_stacks: dict[str, Any] | None = None  # alive, holding the GIL: its stacks file (reading/gil_stacks.py)
 
     def item(self) -> dict[str, Any]:
         """The report's `root_causes` item."""
@@ -76,6 +77,7 @@ class Cause:
             "source": self.source or [None] * len(self.stack),
             "victims": self.victims,
             "last_op": self.last_op,
+            "gil_stacks": self.gil_stacks,
         }
 
 
@@ -113,10 +115,13 @@ def find_causes(
     entries: pd.DataFrame,
     groups: pd.DataFrame,
     failures: list[fail.Failure] | None = None,
+    gil_stacks: dict[int, SideFile] | None = None,
 ) -> CauseResult:
     """Classify every rank that others wait for, directly or transitively, and that waits for nobody.
 
     `absent` maps ranks without a usable dump to the one-line reason (no file, or why it is unreadable).
+    `gil_stacks`: held-GIL stacks files by rank (reading/gil_stacks.py): a rank without a dump whose file was
+    written after its peers began waiting for it was alive then, holding the GIL.
     """
     desc = dict(zip(groups["group"].astype(str), groups["desc"].astype(str), strict=True)) if len(groups) else {}
     size = dict(zip(groups["group"].astype(str), groups["size"].astype(int), strict=True)) if len(groups) else {}
@@ -159,7 +164,9 @@ def find_causes(
         g, s, op = _pick(waited, size, waits)
         op = OWED.get(op, op)  # a peer waiting in its send is owed a recv, and the other way round
         if r in absent:
-            causes.append(_missing(r, g, s, op, absent[r], waited, desc))
+            held = (gil_stacks or {}).get(r)
+            alive = _holding_gil(r, g, s, op, held, waited, waits, desc) if held is not None else None
+            causes.append(alive or _missing(r, g, s, op, absent[r], waited, desc, held))
         elif R_MISMATCH in reasons and r in culprit_ranks:
             causes.append(_mismatch_at(r, g, s, op, matched, desc))
         else:
@@ -287,15 +294,44 @@ def _awaited_by(waited: dict[tuple[str, int, str], list[int]], desc: dict[str, s
     return "; ".join(parts)
 
 
-def _missing(r: int, g: str, s: int, op: str, why: str, waited: dict[tuple[str, int, str], list[int]], desc: dict[str, str]) -> Cause:
+def _missing(r: int, g: str, s: int, op: str, why: str, waited: dict[tuple[str, int, str], list[int]], desc: dict[str, str],
+             held: SideFile | None = None) -> Cause:
     detail = f"rank {r}: {why}; awaited in {_awaited_by(waited, desc)}"
+    if held is not None:  # a stacks file that cannot say where the rank is now
+        detail += (f"; its held-GIL stacks file {held.file} was written "
+                   + ("at an unknown time" if held.written_ns is None else "before its peers began waiting for it")
+                   + ": no evidence that it was alive while they waited")
     return Cause(rank=r, kind=MISSING_DUMP, group=g, seq=s, op=op, detail=detail, group_desc=desc.get(g, ""))
+
+
+def _holding_gil(r: int, g: str, s: int, op: str, held: SideFile, waited: dict[tuple[str, int, str], list[int]],
+                 waits: dict[int, Wait], desc: dict[str, str]) -> Cause | None:
+    """A rank with no dump whose held-GIL stacks were written after its peers began waiting for it: it was
+    alive then (a dead or SIGSTOPped process writes nothing), its watchdog thread unable to run. Its main
+    thread's stack says where. None when the file's time is unknown or earlier than the waits."""
+    began = [waits[u].t_wall_ns for rs in waited.values() for u in rs if u in waits and waits[u].t_wall_ns is not None]
+    if held.written_ns is None or not began or held.written_ns < min(began):
+        return None
+    stack, source, innermost = _main_stack(held.threads)
+    frames = next((t["stack"] for t in held.threads if t.get("is_main")), [])
+    user = stackview.innermost_user(frames)
+    where = user[0] if user is not None else innermost
+    after = (held.written_ns - min(began)) / 1e9
+    place = f"holding the GIL at {where} (the main thread's innermost frame of user code)" if user is not None else (
+        f"holding the GIL at {where} (the main thread's innermost frame)" if where else "holding the GIL (no main-thread stack)")
+    detail = (f"rank {r} is alive, not answering: {place}; it has not entered {_label(g, s, op, desc)}; awaited in "
+              f"{_awaited_by(waited, desc)}; it wrote no dump (its watchdog thread could not run), but faulthandler "
+              f"wrote its Python stacks to {held.file} {after:.1f} s after its peers began waiting for it "
+              f"(the file's modification time; a dead or frozen process writes nothing)")
+    return Cause(rank=r, kind=NOT_ENTERED, group=g, seq=s, op=op, detail=detail, site=where, stack=stack, source=source,
+                 group_desc=desc.get(g, ""), gil_stacks={"file": held.file, "written_unix_s": held.written_ns / 1e9,
+                                                          "at": where, "writes": held.meta.get("writes")})
 
 
 def _not_entered(
     r: int, g: str, s: int, op: str, waited: dict[tuple[str, int, str], list[int]], dump: RankDump, entries: pd.DataFrame, desc: dict[str, str]
 ) -> Cause:
-    stack, source, where = _main_stack(dump)
+    stack, source, where = _main_stack(dump.threads)
     last = _last_op(entries, r)
     parts = [f"rank {r} has not entered {_label(g, s, op, desc)}", f"awaited in {_awaited_by(waited, desc)}"]
     if last:
@@ -314,10 +350,9 @@ def _not_entered(
     )
 
 
-def _main_stack(dump: RankDump) -> tuple[list[str], list[str | None], str | None]:
+def _main_stack(threads: list[dict[str, Any]]) -> tuple[list[str], list[str | None], str | None]:
     """The main thread's stack as the report keeps it (stackview.excerpt), its source lines, and its
     innermost frame."""
-    threads = dump.threads
     main = next((t for t in threads if t.get("is_main")), None) or next((t for t in threads if t.get("name") == "MainThread"), None)
     frames = [str(f) for f in (main or {}).get("stack") or []]
     code = list((main or {}).get("code") or [None] * len(frames))

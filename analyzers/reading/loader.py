@@ -29,6 +29,7 @@ from . import read_torch_fr, sources
 from .attempts import NoSuchAttempt, split_attempts
 from .cluster import client_for
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
+from .gil_stacks import KIND as GIL_STACKS
 from .jobs import split_jobs
 from .rankdump import FileProblem, RankDump, SharedMembers, SideFile
 from .read import rank_from_name, read_path
@@ -66,6 +67,9 @@ class Dataset:
     jobs: dict[str, Any] | None = None  # the report's `jobs`: the analysed job and the ignored ones (jobs.py)
     attempts: dict[str, Any] | None = None  # the report's `attempts`: restart attempt analysed, the others (attempts.py)
     folders: list[str] = field(default_factory=list)  # every folder read, as given
+    # flightrec's held-GIL stacks files that fired, by rank (gil_stacks.py): the stacks of a rank whose
+    # watchdog could not run; of the analysed restart attempt only
+    gil_stacks: dict[int, SideFile] = field(default_factory=dict)
 
     @property
     def unreadable_ranks(self) -> set[int]:
@@ -351,7 +355,9 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
     for d in dumps.values():
         d.meta.pop("recent_ids", None)  # a sampled read has used them
     notes = split.notes + notes
-    problems += _attach_side_files([r for r in everything if isinstance(r, SideFile)], dumps)
+    sides = [r for r in everything if isinstance(r, SideFile)]
+    problems += _attach_side_files([r for r in sides if r.kind != GIL_STACKS], dumps)
+    held = _gil_stacks([r for r in sides if r.kind == GIL_STACKS], dumps)
     if not dumps:
         lines = "; ".join(p.line() for p in problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise UnusableInput(f"{where}: no readable dump ({lines})")
@@ -362,7 +368,20 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     release_free_memory()  # what reading left free in the heap (batches unpickled, per-file objects)
     return Dataset(folder=found[0].path if not several else where, dumps=dumps, entries=entries, problems=problems,
-                   notes=notes, jobs=split.jobs, attempts=tried.report, folders=[s.given for s in found])
+                   notes=notes, jobs=split.jobs, attempts=tried.report, folders=[s.given for s in found], gil_stacks=held)
+
+
+def _gil_stacks(files: list[SideFile], dumps: dict[int, RankDump]) -> dict[int, SideFile]:
+    """The held-GIL stacks files that fired, of the restart attempt the dumps are from; the newest per rank.
+    One that never fired (the rank's watchdog always ran) is no evidence and is left unsaid."""
+    attempt = max((int(d.meta.get("attempt") or 0) for d in dumps.values()), default=0)
+    out: dict[int, SideFile] = {}
+    for f in files:
+        if f.rank is None or not f.threads or int(f.meta.get("attempt") or 0) != attempt:
+            continue
+        if f.rank not in out or (f.written_ns or 0) > (out[f.rank].written_ns or 0):
+            out[f.rank] = f
+    return out
 
 
 def _attach_side_files(sides: list[SideFile], dumps: dict[int, RankDump]) -> list[FileProblem]:

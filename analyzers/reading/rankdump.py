@@ -51,11 +51,15 @@ class RankDump:
 @dataclass
 class SideFile:
     """A file that belongs beside a rank's dump rather than being one: torch_npu's `<prefix><rank>_py_traceback`
-    (every thread's Python stack). The loader hands its `threads` to that rank's dump."""
+    (every thread's Python stack; the loader hands its `threads` to that rank's dump), or flightrec's
+    held-GIL stacks file (`kind` "gil_stacks", gil_stacks.py: evidence for a rank that wrote no dump)."""
 
     file: str
     rank: int | None
     threads: list[dict[str, Any]] = field(default_factory=list)
+    kind: str = "py_traceback"
+    meta: dict[str, Any] = field(default_factory=dict)
+    written_ns: int | None = None  # the file's modification time (wall clock, ns), where the reader can see it
 
 
 @dataclass

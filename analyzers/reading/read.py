@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from ..constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
-from . import pickle_columns, read_flightrec, read_torch_fr, safe_pickle
+from . import gil_stacks, pickle_columns, read_flightrec, read_torch_fr, safe_pickle
 from .rankdump import DumpError, FileProblem, RankDump, SideFile
 
 try:  # optional: 2-3x faster than the standard library on big dumps; same results
@@ -55,7 +55,13 @@ def read_path(path: str, lazy: bool = False, summary: bool = False) -> RankDump 
     `lazy`: a flightrec dump's entries may come back as `columns.Templated` (see read_flightrec.parse).
     `summary`: of a flightrec dump, read only its summary member (flightrec/dumpfile.py), its `recent`
     ops standing for its entries; any other file is read whole."""
-    return read_with(os.path.basename(path), (lambda: _summary_bytes(path)) if summary else (lambda: _file_bytes(path)), lazy)
+    result = read_with(os.path.basename(path), (lambda: _summary_bytes(path)) if summary else (lambda: _file_bytes(path)), lazy)
+    if isinstance(result, SideFile) and result.kind == gil_stacks.KIND:
+        try:
+            result.written_ns = os.stat(path).st_mtime_ns  # faulthandler's last write: the file says no time
+        except OSError:
+            pass
+    return result
 
 
 def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> RankDump | FileProblem | SideFile:
@@ -135,13 +141,15 @@ def summary_of(fh: BinaryIO) -> bytes:
     return fh.read()
 
 
-def _read(fetch: Callable[[], bytes], name: str, hint: int | None, lazy: bool) -> RankDump:
+def _read(fetch: Callable[[], bytes], name: str, hint: int | None, lazy: bool) -> RankDump | SideFile:
     try:
         data = fetch()
     except OSError as exc:
         raise DumpError(f"cannot read file ({exc.strerror or exc})") from None
     if not data:
         raise DumpError("empty file")
+    if gil_stacks.is_stacks(data):
+        return gil_stacks.parse(data, name, hint)
     obj, how = _decode(data)
     if read_flightrec.is_flightrec(obj):
         return read_flightrec.parse(obj, name, hint, lazy)

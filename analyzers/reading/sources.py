@@ -13,7 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .rankdump import FileProblem, RankDump, SharedMembers
+from .gil_stacks import KIND as GIL_STACKS
+from .rankdump import FileProblem, RankDump, SharedMembers, SideFile
 from .read import read_with, summary_of
 
 FETCH_THREADS = 16  # requests in flight; object stores answer in tens of ms each
@@ -60,7 +61,25 @@ def read_one(fs: Any, path: str, lazy: bool = False, summary: bool = False) -> R
         with fs.open(path, "rb") as fh:
             return summary_of(fh)
 
-    return read_with(posixpath.basename(path), fetch, lazy)
+    result = read_with(posixpath.basename(path), fetch, lazy)
+    if isinstance(result, SideFile) and result.kind == GIL_STACKS:
+        result.written_ns = _mtime_ns(fs, path)
+    return result
+
+
+def _mtime_ns(fs: Any, path: str) -> int | None:
+    """The object's modification time where the filesystem says it (local, most object stores), else None."""
+    try:
+        info = fs.info(path)
+    except Exception:  # noqa: BLE001 - any backend's error: the time is then unknown
+        return None
+    value = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+    if hasattr(value, "timestamp"):
+        value = value.timestamp()
+    try:
+        return int(float(value) * 1e9) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def read_url(url: str, lazy: bool = False, summary: bool = False) -> RankDump | FileProblem:

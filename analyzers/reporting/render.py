@@ -100,7 +100,10 @@ def headline(report: dict[str, Any]) -> str:
     waiters = next((rs for pos, rs in direct if pos == here), None) or sorted({r for _, rs in direct for r in rs})
     held = len(report.get("victims") or c.get("victims") or [])
     me = f"rank {c['rank']}"
-    if c["kind"] == NOT_ENTERED:
+    if c["kind"] == NOT_ENTERED and c.get("gil_stacks"):
+        at = stackview.where_text(c["gil_stacks"]["at"], None) if c["gil_stacks"].get("at") else "an unknown frame"
+        what = f"{me} is alive, not answering: holding the GIL at {at}; it never reached {_position(c)}"
+    elif c["kind"] == NOT_ENTERED:
         what = f"{me} never reached {_position(c)}"
     elif c["kind"] == MISSING_DUMP:
         what = f"{me} left no usable dump, and its peers wait for it in {_position(c)}"
@@ -201,6 +204,10 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
         label("waited by", "; ".join(f"{who(rs)} in {pos}"
                                      for pos, rs in waiters[: None if verbose else 2])
               + (f"; {plural(len(waiters) - 2, 'more position')}" if not verbose and len(waiters) > 2 else ""))
+    if c.get("gil_stacks"):
+        held = c["gil_stacks"]
+        label("alive", f"holding the GIL, not answering: no dump (its watchdog thread could not run); faulthandler "
+                       f"wrote its stacks to {held['file']} at {_clock(held['written_unix_s'])} (the file's write time)")
     if c["kind"] in (NOT_ENTERED, EXITED):
         label("now at", _now_at(c))
         label("last op", PATH_PREFIX.sub(r"\1", c.get("last_op") or "") or None)
@@ -233,6 +240,13 @@ def _now_at(c: dict[str, Any]) -> str | None:
     source = c.get("source") or []
     code = source[-1] if source and (c.get("stack") or [None])[-1] == c["site"] else None
     return stackview.where_text(c["site"], code) + " (main thread)"
+
+
+def _clock(unix_s: float) -> str:
+    """A wall-clock time, UTC, to the millisecond."""
+    import datetime
+
+    return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3] + " UTC"
 
 
 def _host_text(c: dict[str, Any]) -> str | None:
