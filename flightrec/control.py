@@ -39,6 +39,7 @@ class _Armed:
                                 dumping_here=lambda: self._dumping_thread == threading.get_ident())
         self.abort = AbortHandler(lambda reason: self.dump(reason, "the process aborted (SIGABRT)"))
         self.watchdog = Watchdog(self.recorder, settings, self.dump, self.term)
+        self.term.before_death = self.watchdog.discard_unused_stacks  # no atexit on a death by signal
         self.dump_lock = threading.Lock()
         self.recorder.on_failure = self._on_failure
         self.crashed = False  # an uncaught exception was dumped: the exit record must not replace it

@@ -13,10 +13,10 @@ from pathlib import Path
 import click
 
 MARKER = ".flightrec-demo"  # left in the folder: "written by flightrec demo", so a rerun may clear it
-# What a demo run writes: the dumps (and a dump's temporary file), the launcher's log and error file,
-# the dump-request file, the marker.
+# What a demo run writes: the dumps (and a dump's temporary file), the held-GIL stacks files, the
+# launcher's log and error file, the dump-request file, the marker.
 DEMO_FILES = re.compile(
-    r"rank-\d{5,}\.json\.gz|\.rank-\d{5,}\.json\.gz\.\d+\.tmp|\.job\.log|\.torchelastic-error\.json"
+    r"rank-\d{5,}\.json\.gz|rank-\d{5,}\.stacks\.txt|\.rank-\d{5,}\.json\.gz\.\d+\.tmp|\.job\.log|\.torchelastic-error\.json"
     r"|\.flightrec-dump-request|" + re.escape(MARKER)
 )
 

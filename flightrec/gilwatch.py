@@ -56,7 +56,7 @@ class GilWatch:
         self._user_owns = False  # the job called dump_traceback_later itself: hands off until it cancels
         self._last_arm = -1e18
         self._graced = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a SIGTERM handler in the same thread may stop() (control.py)
         self._originals: tuple[Any, Any] | None = None
         self._off = False
 

@@ -37,6 +37,7 @@ class TermHandler:
         # again from the handler would wait for a lock its own thread holds, forever.
         self._dumping_here = dumping_here
         self._deferred: tuple[int, Any] | None = None
+        self.before_death: Callable[[], None] = lambda: None  # last words before dying of the signal (control.py)
         self._previous: Any = None
         self._installed = False
         self._owns_wakeup = False
@@ -134,6 +135,7 @@ class TermHandler:
                 _libc().signal(signal.SIGTERM, _SIG_DFL_PTR)
             except Exception:  # noqa: BLE001
                 pass
+            self._last_words()
             os.kill(os.getpid(), signal.SIGTERM)
         # a Python handler of the user's runs when the main thread gets back to Python
 
@@ -163,7 +165,14 @@ class TermHandler:
             previous(signum, frame)
             return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._last_words()
         os.kill(os.getpid(), signal.SIGTERM)
+
+    def _last_words(self) -> None:
+        try:
+            self.before_death()
+        except Exception:  # noqa: BLE001 - the process dies of the signal either way
+            pass
 
 
 class AbortHandler:

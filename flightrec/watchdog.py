@@ -110,6 +110,12 @@ class Watchdog:
         if self.gil is not None:
             self.gil.before_fork()
 
+    def discard_unused_stacks(self) -> None:
+        """The process is about to die of a signal (no atexit): cancel the held-GIL timer and remove its
+        file if it never fired."""
+        if self.gil is not None:
+            self.gil.stop()
+
     def after_fork_in_parent(self) -> None:
         if self.gil is not None:
             self.gil.tick()  # at once: the training thread may hold the GIL from here on
@@ -169,6 +175,7 @@ class Watchdog:
             self.term.handle_from_watchdog()
             return
         if self.hang.due():
+            self.discard_unused_stacks()  # os._exit follows: no atexit
             self.hang.abort()  # FLIGHTREC_ON_HANG=abort: the others had their grace period; never returns
         self._handle_failures()
         rec = self.rec

@@ -48,7 +48,9 @@ print(json.dumps({
     "pending": len(rec.pending), "in_flight": len(rec.in_flight()), "polled": len(rec.polled), "by_work": len(rec.by_work),
     "cpp_open": len(rec.cpp_open), "errors": list(log.errors),
     "slot": 0 if rec.async_slot is None or rec.async_slot.entry is None else 1,
-    "dumps": sorted(os.listdir(sys.argv[1])) if os.path.isdir(sys.argv[1]) else [],
+    "dumps": sorted(n for n in os.listdir(sys.argv[1]) if not n.endswith(".stacks.txt")) if os.path.isdir(sys.argv[1]) else [],
+    "gil_stacks_fired": [n for n in (os.listdir(sys.argv[1]) if os.path.isdir(sys.argv[1]) else [])
+                         if n.endswith(".stacks.txt") and "Timeout (" in open(os.path.join(sys.argv[1], n)).read()],
 }))
 """
 
@@ -62,6 +64,7 @@ def test_soak_200k_collectives_flat_memory_no_false_alarm(tmp_path: Path, capsys
     assert got["recorded"] == OPS
     assert got["pending"] == got["in_flight"] == got["polled"] == got["by_work"] == got["cpp_open"] == got["slot"] == 0
     assert got["errors"] == [] and got["dumps"] == []  # no watchdog false alarm, nothing swallowed
+    assert got["gil_stacks_fired"] == []  # the watchdog thread was never kept from running for a whole limit
     samples = dict(got["samples"])
     full = samples[20_000]  # the ring (1000 entries) is long full; allocator pools have settled
     end = samples[OPS]
