@@ -59,7 +59,7 @@ def find_stalls(lateness: pd.DataFrame, entries: pd.DataFrame, dumps: dict[int, 
     found += _from_records(records, seen, timeout_s)
     sites = _sites(entries, found)
     for s in found:
-        s["site"] = sites.get((s["rank"], s["group"], s["seq"])) or s.get("site")
+        s["site"] = sites.get((s["rank"], s["group"], s["seq"], s["op"])) or s.get("site")
     found.sort(key=lambda s: (s["group"], s["seq"], s["rank"] if s["rank"] is not None else -1))
     return found
 
@@ -142,20 +142,21 @@ def _from_records(records: pd.DataFrame, seen: set[tuple[str, int]], timeout_s: 
     return out
 
 
-def _sites(entries: pd.DataFrame, stalls: list[dict[str, Any]]) -> dict[tuple[Any, str, int], str]:
+def _sites(entries: pd.DataFrame, stalls: list[dict[str, Any]]) -> dict[tuple[Any, str, int, str], str]:
     """The holders' call sites of their stalled ops (the user's line that issued them)."""
     if not stalls or not len(entries) or "site" not in entries.columns:
         return {}
-    wanted = {(s["rank"], s["group"], s["seq"]) for s in stalls if s["rank"] is not None}
+    wanted = {(s["rank"], s["group"], s["seq"], s["op"]) for s in stalls if s["rank"] is not None}
     ranks = np.fromiter((w[0] for w in wanted), dtype=np.int64, count=len(wanted))
     seqs = np.fromiter((w[2] for w in wanted), dtype=np.int64, count=len(wanted))
     rows = np.flatnonzero(np.isin(entries["rank"].to_numpy(), ranks) & np.isin(entries["seq"].to_numpy(), seqs)
                           & entries["kind"].astype(str).eq("coll").to_numpy())  # the few rows of the stalls
-    found: dict[tuple[Any, str, int], str] = {}
+    found: dict[tuple[Any, str, int, str], str] = {}
     part = entries.iloc[rows]
-    for r, g, s, site in zip(part["rank"], part["group"].astype(str), part["seq"], part["site"], strict=True):
-        if (int(r), g, int(s)) in wanted and isinstance(site, str) and site:
-            found[(int(r), g, int(s))] = site
+    for r, g, s, op, site in zip(part["rank"], part["group"].astype(str), part["seq"], part["op"].astype(str),
+                                 part["site"], strict=True):
+        if (int(r), g, int(s), op) in wanted and isinstance(site, str) and site:
+            found[(int(r), g, int(s), op)] = site
     return found
 
 
