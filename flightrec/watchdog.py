@@ -283,7 +283,7 @@ class Watchdog:
         if self.hang.abort_at is not None:  # FLIGHTREC_ON_HANG=abort: this rank exits; its hang dump is final
             self._stall = None
             return None
-        done, failed = recovery.settled(stall, self.rec.entries)
+        done, failed = recovery.settled(stall, self.rec.ring.snapshot)  # any order: no sort per tick
         if done is None:
             if failed:
                 self._stall = None  # the failure's own dump is the evidence

@@ -65,56 +65,57 @@ def find_stalls(lateness: pd.DataFrame, entries: pd.DataFrame, dumps: dict[int, 
 
 
 def _from_timing(lateness: pd.DataFrame, records: pd.DataFrame, timeout_s: float | None) -> list[dict[str, Any]]:
+    """Stalls among the timed collectives. At scale the table has tens of millions of rows and a healthy
+    job no hold over HOLD_MIN_S: one comparison, and nothing more is built."""
     if not len(lateness):
         return []
-    coll = lateness[~lateness["op"].astype(str).isin(TRANSFERS).to_numpy()]
-    if not len(coll):
+    late = lateness["late_ns"].to_numpy()
+    if not (late >= HOLD_MIN_S * 1e9).any():  # one comparison: a healthy job ends here
         return []
-    instance = coll["instance"].to_numpy()
-    late = coll["late_ns"].to_numpy().astype(np.float64)
-    table = pd.DataFrame({"instance": instance, "late": late, "gap_known": coll["gap_known"].to_numpy(dtype=bool),
-                          "group": coll["group"].astype(str).to_numpy(), "seq": coll["seq"].to_numpy().astype(np.int64)})
-    longest = table.groupby("instance", sort=False)["late"].transform("max").to_numpy()
-    usual = _usual(table.assign(longest=longest).drop_duplicates("instance"))
-    is_holder = late >= HOLDER_SHARE * longest
-    first_op = pd.Series(is_holder & ~table["gap_known"].to_numpy()).groupby(instance, sort=False).transform("any")
-    known = ~first_op.to_numpy(dtype=bool)  # a holder's first op: its lateness may be start-up skew
-    recorded: set[tuple[str, int]] = set()
-    at_record = np.zeros(len(table), dtype=bool)
+    instance = lateness["instance"].to_numpy()
+    longest = pd.Series(late, dtype=np.float64).groupby(instance).max().reindex(
+        np.arange(int(instance.max()) + 1), fill_value=0.0).to_numpy()
+    codes, names = pd.factorize(lateness["group"])
+    group_of = np.full(len(longest), -1, dtype=np.int64)
+    group_of[instance] = codes  # every row of an instance is in its group
+    usual = _usual(longest, group_of)
+    rows = np.flatnonzero(longest[instance] >= HOLD_MIN_S * 1e9)  # the rows of the long instances: a few
+    part = lateness.iloc[rows]
+    rows_late = late[rows].astype(np.float64)
+    inst = instance[rows]
+    is_holder = rows_late >= HOLDER_SHARE * longest[inst]
+    transfer = part["op"].astype(str).isin(TRANSFERS).to_numpy()
+    recorded = set()
     if len(records):
         recorded = set(zip(records["group"].astype(str), records["seq"].astype(np.int64).tolist(), strict=True))
-        at_record = pd.MultiIndex.from_arrays([table["group"], table["seq"]]).isin(list(recorded))
-    floor = HOLD_MIN_S * 1e9
-    stall = longest >= floor
-    reason = at_record | (known & (longest >= HOLD_RATIO * usual[instance]))
-    if timeout_s is not None:
-        reason |= longest >= timeout_s * 1e9
-    stalled = np.flatnonzero(stall & reason)
-    if not len(stalled):
-        return []
-    rank = coll["rank"].to_numpy()
+    rank, seq, gap_known = part["rank"].to_numpy(), part["seq"].to_numpy(), part["gap_known"].to_numpy(dtype=bool)
     out = []
-    for inst in np.unique(instance[stalled]):
-        rows = stalled[instance[stalled] == inst]  # a handful of stalls at most: one pass each
-        members = np.flatnonzero(instance == inst)
-        holders = rows[is_holder[rows]]
-        waiters = sorted(set(rank[members].tolist()) - set(rank[holders].tolist()))
-        group, seq = table["group"].iat[int(members[0])], int(table["seq"].iat[int(members[0])])
-        for h in holders:
-            out.append({"rank": int(rank[h]), "group": group, "seq": seq, "op": str(coll["op"].iat[int(h)]),
-                        "held_s": round(float(late[h]) / 1e9, 3), "site": None, "timeout_s": timeout_s,
-                        "waiters": waiters, "hang_dump": (group, seq) in recorded})
+    for i in np.unique(inst):  # one pass per long instance
+        mine = inst == i
+        if transfer[mine].any():
+            continue  # a stalled transfer holds one peer, not a group: the stragglers' slow links tell it
+        group, position = str(names[group_of[i]]), int(seq[mine][0])
+        holders = mine & is_holder
+        hang_dump = (group, position) in recorded
+        one_off = not (holders & ~gap_known).any() and longest[i] >= HOLD_RATIO * usual[i]
+        past_timeout = timeout_s is not None and longest[i] >= timeout_s * 1e9
+        if not (hang_dump or one_off or past_timeout):
+            continue
+        waiters = sorted(set(rank[mine].tolist()) - set(rank[holders].tolist()))
+        out += [{"rank": int(rank[h]), "group": group, "seq": position, "op": str(part["op"].iat[int(h)]),
+                 "held_s": round(float(rows_late[h]) / 1e9, 3), "site": None, "timeout_s": timeout_s,
+                 "waiters": [int(w) for w in waiters], "hang_dump": hang_dump} for h in np.flatnonzero(holders)]
     return out
 
 
-def _usual(per: pd.DataFrame) -> np.ndarray:
-    """Per instance id: the 90th percentile of the longest holds of its group's instances, its single
-    longest left out (the one-off being judged); inf where fewer than two: one says nothing of what is usual."""
-    usual = np.full(int(per["instance"].max()) + 1, np.inf)
-    for _, part in per.groupby("group", sort=False):  # one pass per group
-        holds = np.sort(part["longest"].to_numpy())
-        if len(holds) >= 2:
-            usual[part["instance"].to_numpy()] = np.percentile(holds[:-1], 90)
+def _usual(longest: np.ndarray, group_of: np.ndarray) -> np.ndarray:
+    """Per instance: the 90th percentile of the longest holds of its group's instances, the group's single
+    longest left out (the one-off being judged); inf where fewer than two (one says nothing of the usual)."""
+    usual = np.full(len(longest), np.inf)
+    for g in np.unique(group_of[longest >= HOLD_MIN_S * 1e9]):  # only the groups with a long instance
+        ids = np.flatnonzero(group_of == g)
+        if len(ids) >= 2:
+            usual[ids] = np.percentile(np.sort(longest[ids])[:-1], 90)
     return usual
 
 
