@@ -9,7 +9,8 @@ out on), the watchdog watches for that op to complete:
 - the rank whose own op timed out (a waiter) watches that op;
 - a rank asked by a peer watches the position the peer named (group, seq): its own op there if it
   is in flight (a waiter too), else its first op at or past that position to complete (the rank
-  that held the others: it was elsewhere, e.g. writing the checkpoint).
+  that held the others: it was elsewhere, e.g. writing the checkpoint); a rank outside that group,
+  its first op to complete in any group (it moved on: its dump must not stay the hang's).
 
 When it completes, the rank logs once that it recovered, keeps a `recovered` record (what stalled,
 how long this rank waited in it, the hang dump it caused) that every later dump carries, and the
@@ -34,7 +35,7 @@ _POSITION = re.compile(r"\bgroup=(\S+) seq=(-?\d+)")
 class Stall:
     """What a declared hang waits on here, and the dump it caused."""
 
-    group: str
+    group: str  # "": any group
     seq: int
     limit_s: float  # this rank's watchdog limit for the group
     reason: str  # `timeout` (this rank's own op) or `peer_request`
@@ -70,7 +71,7 @@ def settled(stall: Stall, ring_entries: Any) -> tuple[Entry | None, bool]:
         if e.state != "unknown":
             return None, False
     for item in ring_entries():
-        if (item.id >= stall.after_id and item.group == stall.group and item.state == "completed"
+        if (item.id >= stall.after_id and item.group == (stall.group or item.group) and item.state == "completed"
                 and (item.kind == "p2p" or item.seq >= stall.seq)):
             return item, False
     return None, False

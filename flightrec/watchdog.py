@@ -259,6 +259,8 @@ class Watchdog:
         if self._stall is not None or position is None:
             return
         group, seq = position
+        if all(g.name != group for g in self.rec.groups.known()):
+            group, seq = "", -1  # not a member: its next op to complete anywhere shows it moved on
         mine = next((e for e in self.rec.in_flight() if e.group == group and e.seq == seq and e.kind == "coll"), None)
         self._stall = recovery.watch(mine, group, seq, self.limits.seconds(group), "peer_request", what,
                                      self.rec.ring.recorded)
