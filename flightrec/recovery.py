@@ -40,7 +40,6 @@ class Stall:
     limit_s: float  # this rank's watchdog limit for the group
     reason: str  # `timeout` (this rank's own op) or `peer_request`
     detail: str
-    declared_mono_ns: int
     entry: Entry | None = None  # this rank's op at the position, when it was in flight
     entry_id: int = -1
     after_id: int = 0  # else: the first op of the group at or past `seq` recorded from this id on
@@ -54,7 +53,7 @@ def position_of(detail: str) -> tuple[str, int] | None:
 
 def watch(entry: Entry | None, group: str, seq: int, limit_s: float, reason: str, detail: str,
           recorded: int) -> Stall:
-    return Stall(group, seq, limit_s, reason, detail, time.monotonic_ns(), entry,
+    return Stall(group, seq, limit_s, reason, detail, entry,
                  entry.id if entry is not None else -1, recorded)
 
 
