@@ -34,6 +34,7 @@ from .diagnosis import groups as groups_mod
 from .diagnosis.causes import CauseResult, build_graph, find_causes
 from .diagnosis.failures import Failure, exited_ranks, find_failures
 from .diagnosis.matching import MatchResult, match
+from .diagnosis.stalls import find_stalls, short_site
 from .diagnosis.transfers import Transfers, pair_transfers
 from .diagnosis.waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult, find_waits
 from .keys import first_rows, ids_within_ranks
@@ -48,6 +49,8 @@ from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pa
 from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
 
 SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
+# flightrec.control.RUNNING: dumps of a running job (a snapshot; a rank whose hang recovered, control.RECOVERED)
+RUNNING_REASONS = (SNAPSHOT_REASON, "recovered")
 
 NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
@@ -224,6 +227,12 @@ class Analysis:
         release_free_memory()
         return result
 
+    @cached_property
+    def recovered_stalls(self) -> list[dict[str, Any]]:
+        """Long holds that ended: one rank kept the others of a collective waiting once (a checkpoint),
+        past the timeout or far past the group's usual waits (diagnosis/stalls.py)."""
+        return find_stalls(self.slow.lateness, self.entries, self.dumps)
+
     @property
     def verdict(self) -> str:
         """desync, deadlock, crash, hang, slow, inconclusive or healthy (see docs/report-format.md)."""
@@ -311,6 +320,7 @@ class Analysis:
             "mismatches": [m.as_dict() for m in self._matched.mismatches],
             "gaps": self.gaps(),
             "stragglers": self.slow.stragglers,
+            "recovered_stalls": self.recovered_stalls,
             "costs": self.slow.costs,
             "slow_links": self.slow.slow_links,
             "clock_offsets_ms": {str(r): v for r, v in sorted(self.slow.clock_offsets_ms.items())},
@@ -346,6 +356,18 @@ class Analysis:
 
     def summary(self) -> str:
         """The verdict line: what is wrong, with whom, in one sentence."""
+        line = self._summary()
+        if self.recovered_stalls and self.verdict not in (HANG, DEADLOCK, CRASH, DESYNC):
+            first = self.recovered_stalls[0]
+            who = f"rank {first['rank']}" if first["rank"] is not None else "a rank"
+            held = f" {first['held_s']:.1f} s" if first.get("held_s") is not None else ""
+            at = f" at {first['op']} #{first['seq']}" + (f" ({short_site(first['site'])})" if first.get("site") else "")
+            more = len(self.recovered_stalls) - 1
+            line += (f"; {who} held the others{held}{at} and the job went on (a stall that recovered"
+                     + (f", and {more} more" if more else "") + ")")
+        return line
+
+    def _summary(self) -> str:
         verdict = self.verdict
         causes = self._causes.causes
         n_wait = len([w for w in self._waits.waits.values() if w.targets])
@@ -475,7 +497,7 @@ def _in_flight_at_snapshot(result: WaitResult, dumps: dict[int, RankDump]) -> No
     young = []
     for rank, wait in list(result.waits.items()):
         meta = dumps[rank].meta if rank in dumps else {}
-        if meta.get("reason") != SNAPSHOT_REASON or wait.t_wall_ns is None:
+        if meta.get("reason") not in RUNNING_REASONS or wait.t_wall_ns is None:
             continue
         timeout_s = (meta.get("settings") or {}).get("timeout_s")
         age = (meta.get("dump_time_ns") or 0) - wait.t_wall_ns
@@ -483,5 +505,6 @@ def _in_flight_at_snapshot(result: WaitResult, dumps: dict[int, RankDump]) -> No
             del result.waits[rank]
             young.append(rank)
     if young:
-        result.notes.append(f"snapshots of a running job: the ops in flight on ranks {ranges(young)} were younger than "
-                            "their timeout when the snapshot was taken, so they are not taken as waits")
+        result.notes.append(f"snapshots of a running job (or dumps of ranks whose stall recovered): the ops in flight on "
+                            f"ranks {ranges(young)} were younger than their timeout when the dump was taken, so they are "
+                            "not taken as waits")

@@ -24,6 +24,11 @@ from .watchdog import Watchdog
 # seconds (torchrun stops every worker once one exited with an error): the failure says more.
 FAILURE_REASONS = ("exception", "op_failed", "abort")
 SNAPSHOT = "snapshot"  # the periodic dump of a running job (FLIGHTREC_SNAPSHOT_S)
+# The dump of a rank whose hang dump's op completed after all (recovery.py): the job runs on, so like a
+# snapshot it is no evidence to keep; it replaces the hang dump, whose stall its `recovered` records carry.
+RECOVERED = "recovered"
+RUNNING = (SNAPSHOT, RECOVERED)  # dumps of a running job: never counted as a dump for the timeout check
+HANG_DUMPS = ("timeout", "peer_request")  # what a `recovered` dump may replace
 FAILURE_DUMP_KEPT_S = 60.0
 
 
@@ -44,7 +49,10 @@ class _Armed:
         self.recorder.on_failure = self._on_failure
         self.crashed = False  # an uncaught exception was dumped: the exit record must not replace it
         self.failure_dumped_at = -1e18  # monotonic time of the last failure dump (FAILURE_REASONS)
-        self.evidence_written = False  # a dump for a reason (not a snapshot) is in the folder: keep it
+        self.evidence_written = False  # a dump for a reason (not a snapshot, not `recovered`) is in the folder: keep it
+        self.evidence_reason: str | None = None  # ... and its reason
+        self._recoveries_at_evidence = 0  # the watchdog's recovered_count when it was written
+        self.exiting = False  # the exit hook runs: a `recovered` dump would replace its exit record
         self.exceptions = ExceptionHooks(self._on_uncaught)
 
     def start(self) -> None:
@@ -98,14 +106,17 @@ class _Armed:
                 return False  # e.g. torchrun's agent process: it never joined a group
             if reason == "signal" and time.monotonic() - self.failure_dumped_at < FAILURE_DUMP_KEPT_S:
                 return False  # the launcher stops us because we failed: our failure's dump says more
-            if reason == SNAPSHOT and self.evidence_written:
+            if reason == SNAPSHOT and self.keeps_evidence():
                 return False  # a snapshot never replaces a dump written for a reason
+            if reason == RECOVERED and (self.keeps_evidence() or self.exiting):
+                return False  # it replaces a hang dump only (a failure's or a user's dump stays)
             if self.watchdog.hang.dump_is_final:  # FLIGHTREC_ON_HANG=abort: the hang dump is the evidence (onhang.py)
                 if reason == "signal":
                     self.watchdog.hang.abort()  # stopped within the grace period (a peer aborted first): end now, saying why
                 return False
             whole = self.settings.dump_on_exit or self.settings.snapshot_s > 0  # snapshots asked for whole rings
-            payload = build_dump(self.recorder, reason, detail, brief=reason == "exit" and not whole)
+            payload = build_dump(self.recorder, reason, detail, brief=reason == "exit" and not whole,
+                                 recovered=self.watchdog.recoveries)
             payload.update(extra or {})
             # a process that inherited RANK but never joined (a spawned DataLoader worker) may
             # only write where the rank has no dump yet: never over the rank's own
@@ -117,12 +128,20 @@ class _Armed:
         except Exception as exc:  # noqa: BLE001
             log.warn_once(f"dump-{type(exc).__name__}", f"could not build a dump: {exc!r}")
             return False
-        if reason != SNAPSHOT:  # a snapshot says nothing about the ops in flight: their timeouts still fire
+        if reason not in RUNNING:  # a snapshot says nothing about the ops in flight: their timeouts still fire
             self.watchdog.dumped_now()
-            self.evidence_written = True
+            self.evidence_written, self.evidence_reason = True, reason
+            self._recoveries_at_evidence = self.watchdog.recovered_count
         if reason in FAILURE_REASONS:
             self.failure_dumped_at = time.monotonic()
         return True
+
+    def keeps_evidence(self) -> bool:
+        """A dump written for a reason is in the folder and still tells what happened: not a hang dump
+        whose stall has since recovered (its `recovered` records carry it into every later dump)."""
+        superseded = (self.evidence_reason in HANG_DUMPS
+                      and self.watchdog.recovered_count > self._recoveries_at_evidence)
+        return self.evidence_written and not superseded
 
     def _on_failure(self, entry: Entry, in_calling_thread: bool) -> None:
         dumped = False
@@ -219,13 +238,16 @@ def _at_exit() -> None:
     if armed is None:
         return
     try:
+        armed.exiting = True
+        armed.watchdog.check_recovery(dump=False)  # a stall that ended just before the exit: the exit record tells it
         if armed.crashed:
             pass  # its exception dump is the evidence: an exit dump must not replace it
         elif armed.settings.dump_on_exit:
             armed.dump("exit", "normal interpreter exit")
-        elif armed.watchdog.last_dump_mono_ns == 0:
+        elif not armed.keeps_evidence():
             # the exit record: a rank leaving cleanly while others may still wait for it says so; a
-            # dump this process already wrote (a hang, a request, flightrec.dump()) is never replaced by it
+            # dump this process already wrote (a hang, a request, flightrec.dump()) is never replaced by
+            # it, unless that hang recovered (a `recovered` dump, whose records the exit record keeps)
             armed.dump("exit", "normal interpreter exit")
         armed.recorder.active = False
         armed.watchdog.stop()

@@ -133,9 +133,11 @@ def _hot_path(rec: Recorder) -> dict[str, bool]:
 BRIEF_ENTRIES = 16  # the exit record keeps the last few ops: "exited normally after <op> seq N"
 
 
-def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: bool = False) -> dict[str, Any]:
+def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: bool = False,
+               recovered: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The dump (docs/dump-format.md). `brief`: the exit record of a rank leaving cleanly, which
-    keeps the progress counters and its last few ops but no thread stacks."""
+    keeps the progress counters and its last few ops (and those of `recovered` stalls, which the
+    analyzer times) but no thread stacks. `recovered`: the watchdog's records of stalls that ended."""
     rank, world_size = process_rank()
     rec.poll_works()
     rec.device_timing.resolve()
@@ -143,7 +145,8 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     rec.scan_cpp_ops()
     entries = rec.entries()
     if brief:
-        entries = entries[-BRIEF_ENTRIES:]
+        stalled = {int(r["id"]) for r in recovered or ()}
+        entries = [e for e in entries[:-BRIEF_ENTRIES] if e.id in stalled] + entries[-BRIEF_ENTRIES:]
     kept = {e.id for e in entries}
     lost = [e for e in rec.in_flight() if e.id not in kept]  # pushed out of the ring while still running
     if lost:
@@ -195,6 +198,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "threads": [] if brief else _with_ops(all_thread_stacks(), rec),
         "torch_fr": torch_fr.summary(fr, hang),
         "recorder_errors": list(log.errors),
+        **({"recovered": list(recovered)} if recovered else {}),
     }
 
 

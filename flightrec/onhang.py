@@ -72,6 +72,11 @@ class HangAction:
             self.what = what
             self.abort_at = time.monotonic() + self.settings.abort_grace_s
 
+    def recovered(self) -> None:
+        """The op the hang was declared for completed (recovery.py): a later hang is told again."""
+        self._said.clear()
+        self.dump_written = False
+
     def _line(self, what: str, written: bool, confirmed: bool, abort: bool) -> str:
         where = f"{self.folder} on {socket.gethostname()}" if written else f"{self.folder} (this rank's dump could not be written)"
         head = "the job is hung" if confirmed else "the job may be hung (or computing for longer than FLIGHTREC_TIMEOUT)"

@@ -13,8 +13,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from . import launchers, log, torch_fr
+from . import launchers, log, recovery, torch_fr
 from .dumper import dump_filename, joined, process_rank, restart_attempt
 from .entry import Entry, format_site
 from .gilwatch import GilWatch, limit_for
@@ -74,6 +75,10 @@ class Watchdog:
         self._limits_gen = -1
         self._next_timeouts = 0.0
         self._warned_below = float("inf")  # the shortest group timeout already warned about
+        self._stall: recovery.Stall | None = None  # the op a declared hang waits on here (recovery.py)
+        self._recovery_lock = threading.Lock()  # the exit hook checks too: one record and one line per stall
+        self.recoveries: list[dict[str, Any]] = []  # the dump's `recovered` records, newest last
+        self.recovered_count = 0  # stalls that recovered (recoveries keeps the latest few)
         self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -196,6 +201,7 @@ class Watchdog:
             self._next_fr = now + _FR_STATUS_EVERY_S
             self._update_cpp_states()
         self._check_timeouts()
+        self.check_recovery()
         reason = self.files.poll()
         if reason is not None:
             self._dump("manual" if reason == "manual" else reason, "dump requested through the dump folder")
@@ -209,7 +215,9 @@ class Watchdog:
         if request is not None:
             written = self._dump("peer_request", request[1])
             if request[1].startswith((HANG_REQUEST, UNCONFIRMED_REQUEST)):
-                self.hang.hung(peer_what(request[1]), written, confirmed=request[1].startswith(HANG_REQUEST))
+                what = peer_what(request[1])
+                self.hang.hung(what, written, confirmed=request[1].startswith(HANG_REQUEST))
+                self._watch_position(what)
 
     def _handle_failures(self) -> None:
         while self._failures:
@@ -270,6 +278,7 @@ class Watchdog:
                 written = self._dump("timeout", detail)
                 self._ask_peers(f"{UNCONFIRMED_REQUEST} {_rank()}: {detail}")
                 self.hang.hung(detail, written, confirmed=False)  # a long compute phase looks the same
+                self._watch(silent, detail)
             return
         oldest = min(stuck, key=lambda e: e.t_enqueue_ns)
         self._fired.update(e.id for e in stuck)
@@ -277,10 +286,64 @@ class Watchdog:
         detail = f"{describe(oldest)} incomplete after {waited:.1f}s{limits.note(oldest.group)}"
         if self.last_dump_mono_ns > oldest.t_enqueue_ns:
             self.hang.hung(detail, True)  # the dump taken while it was pending (e.g. a peer asked first) shows it
+            self._watch(oldest, detail)
             return
         written = self._dump("timeout", detail)
         self._ask_peers(f"{HANG_REQUEST} {_rank()}: {detail}")
         self.hang.hung(detail, written)
+        self._watch(oldest, detail)
+
+    # ------------------------------------------------------------------ recovery (recovery.py)
+    def _watch(self, entry: Entry, detail: str) -> None:
+        """This rank's own op timed out: watch it (unless a declared hang is watched already)."""
+        if self._stall is None or self._stall.entry is None:
+            self._stall = recovery.watch(entry, entry.group, entry.seq, self.limits.seconds(entry.group), "timeout",
+                                         detail, self.rec.ring.recorded)
+
+    def _watch_position(self, what: str) -> None:
+        """A peer's op timed out at the position its request names: watch this rank's op there."""
+        position = recovery.position_of(what)
+        if self._stall is not None or position is None:
+            return
+        group, seq = position
+        if all(g.name != group for g in self.rec.groups.known()):
+            group, seq = "", -1  # not a member: its next op to complete anywhere shows it moved on
+        mine = next((e for e in self.rec.in_flight() if e.group == group and e.seq == seq and e.kind == "coll"), None)
+        self._stall = recovery.watch(mine, group, seq, self.limits.seconds(group), "peer_request", what,
+                                     self.rec.ring.recorded)
+
+    def check_recovery(self, dump: bool = True) -> bool:
+        """The watched op completed: log it once, keep the record, rewrite the dump (reason `recovered`;
+        `dump` False: the caller writes the next one, the exit record). True when it recovered now."""
+        with self._recovery_lock:  # taken every time: the exit hook must see a recovery the watchdog is telling
+            item = self._settle()
+        if item is None:
+            return False
+        log.warn(recovery.line(item, self.hang.folder))
+        self.hang.recovered()
+        if dump:
+            self._dump("recovered", f"{item['op']} group={item['group']} seq={item['seq']} completed after the hang dump")
+        return True
+
+    def _settle(self) -> dict[str, Any] | None:
+        stall = self._stall
+        if stall is None:
+            return None
+        if self.hang.abort_at is not None:  # FLIGHTREC_ON_HANG=abort: this rank exits; its hang dump is final
+            self._stall = None
+            return None
+        done, failed = recovery.settled(stall, self.rec.ring.snapshot)  # any order: no sort per tick
+        if done is None:
+            if failed:
+                self._stall = None  # the failure's own dump is the evidence
+            return None
+        self._stall = None
+        wall_minus_mono = time.time_ns() - time.monotonic_ns()
+        dumped = self.last_dump_mono_ns + wall_minus_mono if self.last_dump_mono_ns else None
+        item = recovery.record(stall, done, dumped)
+        self.recoveries = (self.recoveries + [item])[-recovery.KEPT:]
+        self.recovered_count += 1
+        return item
 
     def _silent_cpp_op(self, now: int, limits: Limits) -> Entry | None:
         """The newest op, when it was issued from C++, its completion cannot be observed (`unknown`:

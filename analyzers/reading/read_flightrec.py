@@ -52,6 +52,7 @@ META_FIELDS = (
     "node_rank",
     "graph_captured_ops",
     "not_recorded",
+    "recovered",
 )
 NOTE_GRAPHS = ("collectives captured into CUDA graphs are recorded once, when captured: their replays run "
                "without the recorder seeing them, and they have no device times")

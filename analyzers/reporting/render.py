@@ -15,6 +15,7 @@ import pandas as pd
 
 from .. import stackview
 from ..constants import COMM_STUCK, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from ..diagnosis.stalls import short_site
 from ..textutil import channel_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
 
 # What each root-cause kind means, in the words an on-call engineer would use (report-format.md has the kinds).
@@ -38,6 +39,7 @@ DUMP_REASONS = {  # the dump's `reason`, in words
     "api": "a flightrec.dump() call",
     "abort": "an abort (the process was ending on an error)",
     "snapshot": "a periodic snapshot (FLIGHTREC_SNAPSHOT_S)",
+    "recovered": "the recovery of the op its hang dump was for (the job went on)",
 }
 HANG_VERDICTS = ("hang", "deadlock", "crash", "desync")
 DEFAULT_STACK_FRAMES = 5  # frames of a root cause's stack in the default output (-v: all the report keeps)
@@ -55,6 +57,7 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
     lines = [headline(report)]
     lines.append(_evidence_line(report))
     lines += _warnings(report)
+    lines += _stall_lines(report, verbose)
     causes = [cause_view(c, report) for c in report["root_causes"]]
     if causes:
         shown = causes if verbose else causes[:1]
@@ -86,6 +89,49 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
     lines += _gap_lines(report["gaps"], verbose)
     lines += [""] + _next_steps(report, folder, verbose)
     return "\n".join(lines)
+
+
+DEFAULT_STALL_LINES = 3
+
+
+def _stall_lines(report: dict[str, Any], verbose: bool) -> list[str]:
+    """Stalls that recovered (`recovered_stalls`), one line per position: who held whom, how long, where,
+    and whether the timeout dump it caused was a false alarm."""
+    stalls = report.get("recovered_stalls") or []
+    if not stalls:
+        return []
+    by_position: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for s in stalls:
+        by_position[(s["group"], s["seq"])].append(s)
+    out = ["", "stalls that recovered (the job went on):"]
+    items = list(by_position.values())
+    for part in items if verbose else items[:DEFAULT_STALL_LINES]:
+        out.append(f"  {stall_text(part, report)}")
+    if len(items) > DEFAULT_STALL_LINES and not verbose:
+        out.append(f"  ... {len(items) - DEFAULT_STALL_LINES} more (-v lists them)")
+    return out
+
+
+def stall_text(part: list[dict[str, Any]], report: dict[str, Any]) -> str:
+    """`rank 0 held every rank 9.0 s at barrier #11 (train.py:88); the timeout dump was a false alarm:
+    FLIGHTREC_TIMEOUT is 5 s` for the holders of one position."""
+    s = part[0]
+    holders = sorted(x["rank"] for x in part if x["rank"] is not None)
+    everyone = set(range(int(report["ranks"]["expected"] or 0)))
+    waiters = s.get("waiters") or []
+    whom = "every rank" if everyone and set(waiters) | set(holders) == everyone else who(waiters)
+    subject = who(holders) if holders else "a rank the dumps cannot name"
+    held = max((x["held_s"] for x in part if x.get("held_s") is not None), default=None)
+    site = short_site(s.get("site"))
+    text = (f"{subject} held {whom}" + (f" {held:.1f} s" if held is not None else "")
+            + f" at {s['op']} #{s['seq']}" + (f" of group {s['group']}" if s["group"] != "0" else "")
+            + (f" ({site})" if site else ""))
+    timeout = s.get("timeout_s")
+    if s.get("hang_dump") and timeout is not None:
+        return text + f"; the timeout dump was a false alarm: FLIGHTREC_TIMEOUT is {timeout:g} s"
+    if timeout is not None and held is not None and held >= timeout:
+        return text + f"; longer than FLIGHTREC_TIMEOUT ({timeout:g} s), then it went on"
+    return text + "; once, far longer than the group's usual waits, then it went on"
 
 
 def headline(report: dict[str, Any]) -> str:

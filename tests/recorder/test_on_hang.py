@@ -19,7 +19,7 @@ from flightrec import log
 from flightrec.dumper import read_dump
 from flightrec.onhang import ABORT_EXIT_CODE, HangAction
 from flightrec.settings import DEFAULT_ABORT_GRACE_S, Settings, SettingsError, load_settings
-from tests.helpers import load_dump
+from tests.helpers import entries, load_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "fixtures" / "jobs" / "train.py"
@@ -129,3 +129,29 @@ def test_after_a_hang_dump_with_abort_no_dump_replaces_it_and_the_watchdog_exits
         f"flightrec: aborting rank 0: hung in all_reduce group=0 seq=7 incomplete after 9.0s; dumps in {tmp_path}; "
         f"FLIGHTREC_ON_HANG=abort (exit code {ABORT_EXIT_CODE})"), run.stderr[-3000:]
     assert read_dump(str(tmp_path / "rank-00000.json.gz"))["reason"] == "api:before"
+
+
+SCENARIO_JOB = ROOT / "fixtures" / "jobs" / "scenarios.py"
+
+
+def test_a_stall_that_recovers_is_recorded_and_the_exit_record_replaces_the_hang_dump(tmp_path: Path) -> None:
+    """Rank 0 checkpoints for 4 s while the others wait in a barrier (FLIGHTREC_TIMEOUT=1.5): every rank
+    dumps and says the job is hung, then says it recovered, and leaves an exit record that keeps the
+    barrier (past its last 16 ops) and a `recovered` record of it; the job exits 0."""
+    result = launch(SCENARIO_JOB, RANKS, tmp_path, ["checkpoint_stall_recovers", "--fault-rank", "0", "--stall-s", "4",
+                                                    "--steps", "20"], env={"FLIGHTREC_TIMEOUT": "1.5"}, timeout_s=90)
+    assert result.returncode == 0 and not result.stopped, result.output[-3000:]
+    assert _hung_lines(result.output) == dict.fromkeys(range(RANKS), 1), result.output[-3000:]
+    recovered = re.findall(r"^\[flightrec rank (\d+)\] recovered(?: after (\d+\.\d) s)?", result.output, re.M)
+    assert sorted(int(r) for r, _ in recovered) == list(range(RANKS)), result.output[-3000:]
+    assert all(float(s) >= 3.0 for r, s in recovered if r != "0"), recovered
+    for rank in range(RANKS):
+        dump = read_dump(str(tmp_path / f"rank-{rank:05d}.json.gz"))
+        assert dump["reason"] == "exit" and dump["exit_record"], (rank, dump["reason"])
+        (item,) = dump["recovered"]
+        assert (item["group"], item["op"], item["timed_out"]) == ("0", "barrier", rank != 0), item
+        assert item["hang_reason"] == ("peer_request" if rank == 0 else "timeout") and item["timeout_s"] == 1.5
+        assert "checkpoint_stall_recovers" in item["site"] and item["hang_dump_ns"] < item["completed_wall_ns"]
+        assert (rank == 0) == (item["waited_s"] < 1.0), item
+        kept = {e["id"]: e for e in entries(dump)}  # 17 ops came after it: the exit record kept it for the record
+        assert kept[item["id"]]["op"] == "barrier" and len(kept) == 17, sorted(kept)
