@@ -1,0 +1,208 @@
+"""Where op streams diverged: per call site, how many ops each rank issued in each group, next to its peers.
+
+Why: a rank that skipped one collective is caught at the end, at the first position whose sizes differ
+(or where its peers wait for an op it never issues). That says where the job broke, not where the
+rank's program went another way. Counting each rank's ops per (group, op, call site) and comparing the
+counts with its peers' names the site: "rank 3 issued 9 all_reduce at train.py:12 where its peers
+issued 10".
+
+Counts are only compared over history every compared rank holds, and only where a difference cannot be
+an artefact:
+- rings wrap: each group is counted from the oldest seq that every member still holds;
+- a rank that is merely behind is a hang, not a divergence: a rank whose ops agree (op and call site)
+  with the majority's at every seq it holds, that ended earlier than the others and did not exit
+  normally (it is blocked, computing, or crashed: it may yet issue, or never could) is left out of its
+  group's comparison. A rank that exited normally issues nothing more: its shorter stream counts.
+- with no majority count (two ranks, or equal camps) the camp that the matcher's stream alignment named
+  (an extra op) is compared with the other; otherwise nobody is named (a gap line says so).
+
+`first_shift`: the first seq where the rank's (op, call site) differs from its peers' and from which on
+its ops line up with theirs one position later (it skipped one) or earlier (it issued one extra),
+checked over the rest of the overlap. Reported only when that alignment holds everywhere; timing is
+not used (a skipped step's compute is often within the noise of a step's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..constants import CPP_SITE
+from ..keys import dense_ids
+from ..textutil import ranges
+from .matching import Shift
+
+MAX_ITEMS = 100
+UNKNOWN_SITE = "unknown call site"
+
+
+@dataclass
+class Divergence:
+    """Each rank whose count of ops at one (group, op, call site) differs from its peers'."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def find_divergence(entries: pd.DataFrame, exited: set[int], shifts: list[Shift] | None = None) -> Divergence:
+    """Per (group, op, call site), the ranks whose count of issued collectives differs from their peers'."""
+    coll = _collectives(entries)
+    if coll.empty:
+        return Divergence()
+    coll = _window(coll)
+    compared = _compared(coll, exited)
+    coll = coll.merge(compared[["group", "rank"]], on=["group", "rank"], how="inner")
+    if coll.empty:
+        return Divergence()
+    counts = coll.groupby(["group", "op", "site", "rank"], observed=True).size().rename("n").reset_index()
+    grid = counts.pivot_table(index=["group", "op", "site"], columns="rank", values="n", aggfunc="sum", observed=True)
+    member = compared.assign(x=True).pivot_table(index="group", columns="rank", values="x", aggfunc="any",
+                                                 observed=True).reindex(columns=grid.columns)
+    held = member.reindex(grid.index.get_level_values("group")).to_numpy(dtype=float) > 0  # NaN: not compared
+    values = np.where(held, grid.fillna(0).to_numpy(), np.nan)
+    varies = np.nanmax(values, axis=1) != np.nanmin(values, axis=1)
+    out = Divergence()
+    if not varies.any():
+        return out
+    shifts_by_group = {s.group: s for s in shifts or []}
+    starts = coll.groupby("group", observed=True)["seq"].min()
+    firsts = _first_shifts(coll)
+    ranks = np.asarray(grid.columns, dtype=np.int64)
+    for i in np.flatnonzero(varies):  # only the (group, op, site) whose counts differ: few
+        group, op, site = grid.index[i]
+        row = values[i]
+        have = ~np.isnan(row)
+        by_rank = {int(r): int(v) for r, v in zip(ranks[have], row[have], strict=True)}
+        ref = _reference(by_rank, shifts_by_group.get(str(group)))
+        if ref is None:
+            camps = sorted(set(by_rank.values()))
+            out.notes.append(
+                f"ranks {ranges(list(by_rank))} issued different numbers of {op} at {site} in group {group} "
+                f"({', '.join(f'{ranges([r for r, v in by_rank.items() if v == n])}: {n}' for n in camps)}), "
+                "and no majority or stream alignment tells which one diverged")
+            continue
+        expected, peers = ref
+        for r, n in by_rank.items():
+            if n != expected and r not in peers:
+                item: dict[str, Any] = {"rank": r, "group": str(group), "op": str(op), "site": str(site), "issued": n,
+                                        "peers_issued": expected, "peers": peers, "from_seq": int(starts[group])}
+                if (str(group), r) in firsts:
+                    item["first_shift"] = firsts[(str(group), r)]
+                out.items.append(item)
+    out.items.sort(key=lambda d: (d["group"], d["rank"], d["issued"] - d["peers_issued"], d["op"], d["site"]))
+    if len(out.items) > MAX_ITEMS:
+        out.notes.append(f"{len(out.items)} call sites whose counts differ; the report lists the first {MAX_ITEMS}")
+        out.items = out.items[:MAX_ITEMS]
+    return out
+
+
+def _collectives(entries: pd.DataFrame) -> pd.DataFrame:
+    """rank, group, seq, op, site of every collective with a seq; a C++-issued op's site says so."""
+    coll = entries.loc[(entries["kind"] == "coll").to_numpy() & (entries["seq"] > 0).to_numpy(),
+                       ["rank", "group", "seq", "op", "site", "source"]]
+    if coll.empty:
+        return pd.DataFrame(columns=["rank", "group", "seq", "op", "site"])
+    site = pd.Categorical(coll["site"].astype(object).where(coll["site"].notna(), ""))
+    cpp = (coll["source"].astype(str) == "c++").to_numpy()
+    labels = np.asarray([str(c) for c in site.categories] + [""], dtype=object)
+    text = labels[site.codes]  # code -1 (null) -> ""
+    text = np.where(text != "", text, np.where(cpp, CPP_SITE, UNKNOWN_SITE))
+    return pd.DataFrame({
+        "rank": coll["rank"].to_numpy(np.int64),
+        "group": coll["group"].astype(str).to_numpy(),
+        "seq": coll["seq"].to_numpy(np.int64),
+        "op": coll["op"].astype(str).to_numpy(),
+        "site": pd.Categorical(text),
+    })
+
+
+def _window(coll: pd.DataFrame) -> pd.DataFrame:
+    """Each group's rows from the oldest seq every rank of it still holds (rings wrap)."""
+    oldest = coll.groupby(["group", "rank"])["seq"].min().groupby(level="group").max().rename("lo")
+    lo = oldest.reindex(coll["group"]).to_numpy()
+    return coll[coll["seq"].to_numpy() >= lo].reset_index(drop=True)
+
+
+def _tokens(coll: pd.DataFrame) -> pd.DataFrame:
+    """One row per (group, rank, seq): its (op, site) as one code, and the group's majority code at that seq
+    (-1 where no strict majority)."""
+    one = coll.drop_duplicates(["group", "rank", "seq"]).copy()
+    one["token"] = dense_ids([pd.Categorical(one["op"]).codes, pd.Categorical(one["site"]).codes])
+    tally = one.groupby(["group", "seq", "token"]).size().rename("k").reset_index()
+    held = one.groupby(["group", "seq"]).size().rename("held")
+    tally = tally.join(held, on=["group", "seq"])
+    major = tally[2 * tally["k"] > tally["held"]].set_index(["group", "seq"])["token"].rename("major")
+    one = one.join(major, on=["group", "seq"])
+    one["major"] = one["major"].fillna(-1).astype(np.int64)
+    return one
+
+
+def _compared(coll: pd.DataFrame, exited: set[int]) -> pd.DataFrame:
+    """The (group, rank) pairs whose counts are compared: all but the ranks that are merely behind."""
+    one = _tokens(coll)
+    one["off"] = one["token"] != one["major"]
+    per = one.groupby(["group", "rank"]).agg(end=("seq", "max"), off=("off", "any")).reset_index()
+    per["last"] = per.groupby("group")["end"].transform("max")
+    behind = (per["end"] < per["last"]) & ~per["off"] & ~per["rank"].isin(list(exited))
+    per = per[~behind]
+    return per[per.groupby("group")["rank"].transform("size") > 1]
+
+
+def _reference(by_rank: dict[int, int], shift: Shift | None) -> tuple[int, list[int]] | None:
+    """The peers' count and the peers: a strict majority's, else the camp the stream alignment cleared."""
+    values = pd.Series(by_rank)
+    tally = values.value_counts()
+    if 2 * int(tally.iloc[0]) > len(values):
+        n = int(tally.index[0])
+        return n, sorted(int(r) for r in values.index[values == n])
+    if shift is not None:
+        theirs = {by_rank[r] for r in shift.others if r in by_rank}
+        if len(theirs) == 1 and all(r in by_rank for r in shift.ranks):
+            return theirs.pop(), sorted(r for r in shift.others if r in by_rank)
+    return None
+
+
+def _first_shifts(coll: pd.DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
+    """(group, rank) -> where its stream first went another way, when the rest lines up with the majority's
+    one position later (`offset` 1: it skipped an op) or earlier (-1: it issued one extra)."""
+    one = _tokens(coll)
+    off = one[(one["token"] != one["major"]).to_numpy() & (one["major"] >= 0).to_numpy()]
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    if off.empty:
+        return out
+    firsts = off.groupby(["group", "rank"])["seq"].min()
+    for (group, rank), first in firsts.items():  # the diverging ranks only: few
+        mine = one[(one["group"] == group).to_numpy() & (one["rank"] == rank).to_numpy()]
+        major = one[(one["group"] == group).to_numpy()].drop_duplicates("seq").set_index("seq")["major"]
+        for offset in (1, -1):  # skipped: its op at `first` is theirs at first + 1; extra: its op at first is its own
+            later = mine[mine["seq"] >= first] if offset == 1 else mine[mine["seq"] > first]
+            theirs = major.reindex(later["seq"].to_numpy() + offset).to_numpy()
+            known = ~np.isnan(theirs.astype(float)) & (theirs >= 0)
+            if known.any() and (later["token"].to_numpy()[known] == theirs[known]).all():
+                at = mine[mine["seq"] == first].iloc[0]
+                peer = one[(one["group"] == group).to_numpy() & (one["seq"] == first).to_numpy()
+                           & (one["token"] == one["major"]).to_numpy()].iloc[0]
+                what = "skipped one op" if offset == 1 else "issued one extra op"
+                out[(str(group), int(rank))] = {
+                    "seq": int(first), "offset": offset, "op": str(at["op"]), "site": str(at["site"]),
+                    "peers_op": str(peer["op"]), "peers_site": str(peer["site"]),
+                    "text": (f"at seq {int(first)} it issued {at['op']} at {at['site']} where its peers issued "
+                             f"{peer['op']} at {peer['site']}; from there on its ops line up with its peers' one "
+                             f"position {'later' if offset == 1 else 'earlier'}: it {what} there"),
+                }
+                break
+    return out
+
+
+def line(item: dict[str, Any]) -> str:
+    """'rank 3 issued 9 all_reduce at train.py:12 in step where its peers issued 10 (group 0, from seq 1)'."""
+    peers = item["peers"]
+    who = "its peer" if len(peers) == 1 else "its peers"
+    text = (f"rank {item['rank']} issued {item['issued']} {item['op']} at {item['site']} where {who} "
+            f"(rank{'s' if len(peers) > 1 else ''} {ranges(peers)}) issued {item['peers_issued']} "
+            f"(group {item['group']}, counted from seq {item['from_seq']})")
+    shift = item.get("first_shift")
+    return text + (f"; {shift['text']}" if shift else "")
