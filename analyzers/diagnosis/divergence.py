@@ -48,57 +48,77 @@ class Divergence:
 
 
 def find_divergence(entries: pd.DataFrame, exited: set[int], shifts: list[Shift] | None = None) -> Divergence:
-    """Per (group, op, call site), the ranks whose count of issued collectives differs from their peers'."""
+    """Per (group, op), the ranks whose count of issued collectives differs from their peers', told per call
+    site where the site's count differs by the same amount."""
     coll = _collectives(entries)
     if coll.empty:
         return Divergence()
     coll = _window(coll)
-    compared = _compared(coll, exited)
-    coll = coll.merge(compared[["group", "rank"]], on=["group", "rank"], how="inner")
-    if coll.empty:
-        return Divergence()
-    counts = coll.groupby(["group", "op", "site", "rank"], observed=True).size().rename("n").reset_index()
-    grid = counts.pivot_table(index=["group", "op", "site"], columns="rank", values="n", aggfunc="sum", observed=True)
-    member = compared.assign(x=True).pivot_table(index="group", columns="rank", values="x", aggfunc="any",
-                                                 observed=True).reindex(columns=grid.columns)
-    held = member.reindex(grid.index.get_level_values("group")).to_numpy(dtype=float) > 0  # NaN: not compared
-    values = np.where(held, grid.fillna(0).to_numpy(), np.nan)
-    varies = np.nanmax(values, axis=1) != np.nanmin(values, axis=1)
-    out = Divergence()
-    if not varies.any():
-        return out
-    shifts_by_group = {s.group: s for s in shifts or []}
-    starts = coll.groupby("group", observed=True)["seq"].min()
     firsts = _first_shifts(coll)
-    ranks = np.asarray(grid.columns, dtype=np.int64)
-    for i in np.flatnonzero(varies):  # only the (group, op, site) whose counts differ: few
-        group, op, site = grid.index[i]
-        row = values[i]
-        have = ~np.isnan(row)
-        by_rank = {int(r): int(v) for r, v in zip(ranks[have], row[have], strict=True)}
+    aligned = {(s.group, r) for s in shifts or [] for r in [*s.ranks, *s.others]}  # the matcher's stream alignment
+    compared = _compared(coll, exited, set(firsts) | aligned)
+    coll = coll.merge(compared, on=["group", "rank"], how="inner")
+    out = Divergence()
+    if coll.empty:
+        return out
+    per_op = _grid(coll, ["group", "op"])
+    per_site = _grid(coll, ["group", "op", "site"])
+    shifts_by_group = {s.group: s for s in shifts or []}
+    starts = coll.groupby("group")["seq"].min()
+    for (group, op), row in per_op.iterrows():  # (group, op) pairs: few
+        by_rank = {int(r): int(v) for r, v in row.dropna().items()}
+        if len(set(by_rank.values())) < 2:
+            continue
         ref = _reference(by_rank, shifts_by_group.get(str(group)))
         if ref is None:
             camps = sorted(set(by_rank.values()))
             out.notes.append(
-                f"ranks {ranges(list(by_rank))} issued different numbers of {op} at {site} in group {group} "
+                f"ranks {ranges(list(by_rank))} issued different numbers of {op} in group {group} "
                 f"({', '.join(f'{ranges([r for r, v in by_rank.items() if v == n])}: {n}' for n in camps)}), "
                 "and no majority or stream alignment tells which one diverged")
             continue
         expected, peers = ref
+        sites = per_site.loc[(group, op)]
         for r, n in by_rank.items():
-            if n != expected and r not in peers:
-                item: dict[str, Any] = {"rank": r, "group": str(group), "op": str(op), "site": str(site), "issued": n,
-                                        "peers_issued": expected, "peers": peers, "from_seq": int(starts[group])}
+            if n == expected or r in peers:
+                continue
+            for site, issued, theirs in _sites(sites, r, peers, n - expected):
+                item: dict[str, Any] = {"rank": r, "group": str(group), "op": str(op), "site": site, "issued": issued,
+                                        "peers_issued": theirs, "peers": peers, "from_seq": int(starts[group])}
                 if (str(group), r) in firsts:
                     item["first_shift"] = firsts[(str(group), r)]
                 out.items.append(item)
-    out.items.sort(key=lambda d: (d["group"], d["rank"], d["issued"] - d["peers_issued"], d["op"], d["site"]))
+    out.items.sort(key=lambda d: (d["group"], d["rank"], d["op"], str(d["site"])))
     if len(out.items) > MAX_ITEMS:
         out.notes.append(f"{len(out.items)} call sites whose counts differ; the report lists the first {MAX_ITEMS}")
         out.items = out.items[:MAX_ITEMS]
     return out
 
 
+def _grid(coll: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Counts per `keys` (rows) and rank (columns): 0 where a compared rank issued none, NaN where the rank
+    is not compared in that group."""
+    counts = coll.groupby([*keys, "rank"], observed=True).size().unstack("rank")
+    member = coll[["group", "rank"]].drop_duplicates().assign(x=1.0).pivot(index="group", columns="rank", values="x")
+    held = member.reindex(index=counts.index.get_level_values("group"), columns=counts.columns).to_numpy()
+    return pd.DataFrame(np.where(held == 1.0, counts.fillna(0).to_numpy(), np.nan), index=counts.index,
+                        columns=counts.columns)
+
+
+def _sites(sites: pd.DataFrame | None, rank: int, peers: list[int], diff: int) -> list[tuple[str | None, int, int]]:
+    """(site, issued, peers_issued) where `rank`'s count at a site differs from its peers' (all agreeing) by
+    as much as its whole count of the op does, in the same direction; else one item without a site (the
+    ranks call the op from different lines, so no one site holds the difference)."""
+    if sites is not None:
+        mine, theirs = sites[rank], sites[peers]
+        agree = theirs.nunique(axis=1) == 1
+        delta = mine - theirs.iloc[:, 0]
+        hit = agree & (delta == diff)
+        if hit.any():
+            return [(str(site), int(mine[site]), int(theirs.loc[site].iloc[0])) for site in sites.index[hit]]
+        total = sites[rank].sum()
+        return [(None, int(total), int(total) - diff)]
+    return []
 def _collectives(entries: pd.DataFrame) -> pd.DataFrame:
     """rank, group, seq, op, site of every collective with a seq; a C++-issued op's site says so."""
     coll = entries.loc[(entries["kind"] == "coll").to_numpy() & (entries["seq"] > 0).to_numpy(),
@@ -126,11 +146,11 @@ def _window(coll: pd.DataFrame) -> pd.DataFrame:
     return coll[coll["seq"].to_numpy() >= lo].reset_index(drop=True)
 
 
-def _tokens(coll: pd.DataFrame) -> pd.DataFrame:
-    """One row per (group, rank, seq): its (op, site) as one code, and the group's majority code at that seq
+def _tokens(coll: pd.DataFrame, fields: list[str]) -> pd.DataFrame:
+    """One row per (group, rank, seq): its `fields` as one code, and the group's majority code at that seq
     (-1 where no strict majority)."""
     one = coll.drop_duplicates(["group", "rank", "seq"]).copy()
-    one["token"] = dense_ids([pd.Categorical(one["op"]).codes, pd.Categorical(one["site"]).codes])
+    one["token"] = dense_ids([pd.Categorical(one[f]).codes for f in fields])
     tally = one.groupby(["group", "seq", "token"]).size().rename("k").reset_index()
     held = one.groupby(["group", "seq"]).size().rename("held")
     tally = tally.join(held, on=["group", "seq"])
@@ -140,15 +160,22 @@ def _tokens(coll: pd.DataFrame) -> pd.DataFrame:
     return one
 
 
-def _compared(coll: pd.DataFrame, exited: set[int]) -> pd.DataFrame:
-    """The (group, rank) pairs whose counts are compared: all but the ranks that are merely behind."""
-    one = _tokens(coll)
+def _compared(coll: pd.DataFrame, exited: set[int], shifted: set[tuple[str, int]]) -> pd.DataFrame:
+    """The (group, rank) pairs whose counts are compared: all but the ranks that are merely behind (their ops
+    agree with the majority's wherever they hold one, they ended earlier and did not exit normally).
+
+    "Agree" is by op; call sites alone do not make a rank diverge unless its stream's alignment with the
+    majority's changed (`shifted`): a program may call the same collective from another line on some ranks.
+    """
+    one = _tokens(coll, ["op"])
     one["off"] = one["token"] != one["major"]
     per = one.groupby(["group", "rank"]).agg(end=("seq", "max"), off=("off", "any")).reset_index()
     per["last"] = per.groupby("group")["end"].transform("max")
-    behind = (per["end"] < per["last"]) & ~per["off"] & ~per["rank"].isin(list(exited))
+    moved = np.array([(str(g), int(r)) in shifted for g, r in zip(per["group"], per["rank"], strict=True)], dtype=bool)
+    behind = (per["end"] < per["last"]) & ~per["off"] & ~moved & ~per["rank"].isin(list(exited))
     per = per[~behind]
-    return per[per.groupby("group")["rank"].transform("size") > 1]
+    per = per[per.groupby("group")["rank"].transform("size") > 1]
+    return per[["group", "rank"]]
 
 
 def _reference(by_rank: dict[int, int], shift: Shift | None) -> tuple[int, list[int]] | None:
@@ -168,7 +195,7 @@ def _reference(by_rank: dict[int, int], shift: Shift | None) -> tuple[int, list[
 def _first_shifts(coll: pd.DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
     """(group, rank) -> where its stream first went another way, when the rest lines up with the majority's
     one position later (`offset` 1: it skipped an op) or earlier (-1: it issued one extra)."""
-    one = _tokens(coll)
+    one = _tokens(coll, ["op", "site"])
     off = one[(one["token"] != one["major"]).to_numpy() & (one["major"] >= 0).to_numpy()]
     out: dict[tuple[str, int], dict[str, Any]] = {}
     if off.empty:
@@ -189,19 +216,26 @@ def _first_shifts(coll: pd.DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
                 out[(str(group), int(rank))] = {
                     "seq": int(first), "offset": offset, "op": str(at["op"]), "site": str(at["site"]),
                     "peers_op": str(peer["op"]), "peers_site": str(peer["site"]),
-                    "text": (f"at seq {int(first)} it issued {at['op']} at {at['site']} where its peers issued "
-                             f"{peer['op']} at {peer['site']}; from there on its ops line up with its peers' one "
+                    "text": (f"at seq {int(first)} it issued {at['op']} {where(at['site'])} where its peers issued "
+                             f"{peer['op']} {where(peer['site'])}; from there on its ops line up with its peers' one "
                              f"position {'later' if offset == 1 else 'earlier'}: it {what} there"),
                 }
                 break
     return out
 
 
+def where(site: str) -> str:
+    """'at train.py:12 in step', or 'issued from C++ (...)' for an op Python never saw."""
+    if site == CPP_SITE:
+        return site
+    return "at an unknown call site" if site == UNKNOWN_SITE else f"at {site}"
+
+
 def line(item: dict[str, Any]) -> str:
     """'rank 3 issued 9 all_reduce at train.py:12 in step where its peers issued 10 (group 0, from seq 1)'."""
     peers = item["peers"]
     who = "its peer" if len(peers) == 1 else "its peers"
-    text = (f"rank {item['rank']} issued {item['issued']} {item['op']} at {item['site']} where {who} "
+    text = (f"rank {item['rank']} issued {item['issued']} {item['op']} {where(item['site'])} where {who} "
             f"(rank{'s' if len(peers) > 1 else ''} {ranges(peers)}) issued {item['peers_issued']} "
             f"(group {item['group']}, counted from seq {item['from_seq']})")
     shift = item.get("first_shift")
