@@ -332,14 +332,12 @@ class Analysis:
         }
 
     def _diverged_detail(self, cause: dict[str, Any]) -> dict[str, Any]:
-        """A mismatch root cause's detail, with where its rank's stream diverged in that group (if counted)."""
-        if cause.get("kind") != MISMATCH:
-            return cause
+        """A root cause's detail, with where its rank's stream diverged in that group (if it did)."""
         mine = [d for d in self.divergence.items if d["rank"] == cause.get("rank") and d["group"] == cause.get("group")]
         if not mine:
             return cause
-        said = "; ".join(divergence_line(d) for d in mine[:3])
-        return {**cause, "detail": f"{cause['detail']}; where it diverged: {said}" if cause.get("detail") else said}
+        said = "; ".join(divergence_line(d, short=True) for d in mine[:3])
+        return {**cause, "detail": f"{cause['detail']}; where its stream diverged: {said}" if cause.get("detail") else said}
 
     def _where(self, rank: int) -> dict[str, Any]:
         """Where to act on a rank: its host, local rank, pid and node rank (torchrun's GROUP_RANK), as

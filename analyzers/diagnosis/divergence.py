@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import stackview
 from ..constants import CPP_SITE
 from ..keys import dense_ids
 from ..textutil import ranges
@@ -212,31 +213,36 @@ def _first_shifts(coll: pd.DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
                 at = mine[mine["seq"] == first].iloc[0]
                 peer = one[(one["group"] == group).to_numpy() & (one["seq"] == first).to_numpy()
                            & (one["token"] == one["major"]).to_numpy()].iloc[0]
-                what = "skipped one op" if offset == 1 else "issued one extra op"
                 out[(str(group), int(rank))] = {
                     "seq": int(first), "offset": offset, "op": str(at["op"]), "site": str(at["site"]),
                     "peers_op": str(peer["op"]), "peers_site": str(peer["site"]),
-                    "text": (f"at seq {int(first)} it issued {at['op']} {where(at['site'])} where its peers issued "
-                             f"{peer['op']} {where(peer['site'])}; from there on its ops line up with its peers' one "
-                             f"position {'later' if offset == 1 else 'earlier'}: it {what} there"),
                 }
                 break
     return out
 
 
-def where(site: str) -> str:
-    """'at train.py:12 in step', or 'issued from C++ (...)' for an op Python never saw."""
+def where(site: str, short: bool = False) -> str:
+    """'at train.py:12 in step', or 'issued from C++ (...)' for an op Python never saw; `short`: the file's
+    name only."""
     if site == CPP_SITE:
         return site
-    return "at an unknown call site" if site == UNKNOWN_SITE else f"at {site}"
+    if site == UNKNOWN_SITE:
+        return "at an unknown call site"
+    return f"at {stackview.where_text(site, None) if short else site}"
 
 
-def line(item: dict[str, Any]) -> str:
-    """'rank 3 issued 9 all_reduce at train.py:12 in step where its peers issued 10 (group 0, from seq 1)'."""
+def line(item: dict[str, Any], short: bool = False) -> str:
+    """'rank 3 issued 9 all_reduce at train.py:12 in step where its peers (ranks 0-2) issued 10 (group 0,
+    counted from seq 1); ...' and where its stream shifted when known."""
     peers = item["peers"]
-    who = "its peer" if len(peers) == 1 else "its peers"
-    text = (f"rank {item['rank']} issued {item['issued']} {item['op']} {where(item['site'])} where {who} "
-            f"(rank{'s' if len(peers) > 1 else ''} {ranges(peers)}) issued {item['peers_issued']} "
+    site = f" {where(item['site'], short)}" if item.get("site") else " (its call sites differ from its peers')"
+    text = (f"rank {item['rank']} issued {item['issued']} {item['op']}{site} where its peer{'s' if len(peers) > 1 else ''}"
+            f" ({'ranks' if len(peers) > 1 else 'rank'} {ranges(peers)}) issued {item['peers_issued']} "
             f"(group {item['group']}, counted from seq {item['from_seq']})")
     shift = item.get("first_shift")
-    return text + (f"; {shift['text']}" if shift else "")
+    if not shift:
+        return text
+    later = "one position later: it skipped one op" if shift["offset"] == 1 else "one position earlier: it issued one extra op"
+    return (f"{text}; its stream shifted at seq {shift['seq']}: {shift['op']} {where(shift['site'], short)} where its "
+            f"peers issued {shift['peers_op']} {where(shift['peers_site'], short)}, and from there its ops line up "
+            f"with theirs {later}")

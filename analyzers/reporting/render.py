@@ -305,7 +305,7 @@ def _divergence_lines(report: dict[str, Any], verbose: bool) -> list[str]:
         return []
     shown = items if verbose else items[:3]
     out = ["", "where the op streams diverged (collectives issued per call site):"]
-    out += [f"  {divergence_line(d)}" for d in shown]
+    out += [f"  {divergence_line(d, short=True)}" for d in shown]
     if len(items) > len(shown):
         out.append(f"  ... {len(items) - len(shown)} more (-v or --format json lists all)")
     return out
