@@ -36,7 +36,7 @@ from ..keys import dense_ids
 from ..textutil import ranges
 from .matching import Shift
 
-MAX_ITEMS = 100
+MAX_ITEMS = 100  # ranks named per report
 UNKNOWN_SITE = "unknown call site"
 
 
@@ -48,176 +48,224 @@ class Divergence:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Table:
+    """Collectives as integer codes (rank, g, seq, op, site; one row per entry), and each code's name."""
+
+    rows: pd.DataFrame
+    groups: np.ndarray
+    ops: np.ndarray
+    sites: np.ndarray
+
+
 def find_divergence(entries: pd.DataFrame, exited: set[int], shifts: list[Shift] | None = None) -> Divergence:
     """Per (group, op), the ranks whose count of issued collectives differs from their peers', told per call
-    site where the site's count differs by the same amount."""
-    coll = _collectives(entries)
-    if coll.empty:
-        return Divergence()
-    coll = _window(coll)
-    firsts = _first_shifts(coll)
-    aligned = {(s.group, r) for s in shifts or [] for r in [*s.ranks, *s.others]}  # the matcher's stream alignment
-    compared = _compared(coll, exited, set(firsts) | aligned)
-    coll = coll.merge(compared, on=["group", "rank"], how="inner")
+    site where one site's count differs by as much."""
+    table = _collectives(entries)
     out = Divergence()
-    if coll.empty:
+    if table is None:
         return out
-    per_op = _grid(coll, ["group", "op"])
-    per_site = _grid(coll, ["group", "op", "site"])
-    shifts_by_group = {s.group: s for s in shifts or []}
-    starts = coll.groupby("group")["seq"].min()
-    for (group, op), row in per_op.iterrows():  # (group, op) pairs: few
-        by_rank = {int(r): int(v) for r, v in row.dropna().items()}
-        if len(set(by_rank.values())) < 2:
-            continue
-        ref = _reference(by_rank, shifts_by_group.get(str(group)))
+    rows = _window(table.rows)
+    firsts = _first_shifts(rows, table)
+    gcode = {str(name): i for i, name in enumerate(table.groups)}
+    aligned = {(gcode[sh.group], r) for sh in shifts or [] if sh.group in gcode for r in [*sh.ranks, *sh.others]}
+    pairs = _compared(rows, exited, set(firsts) | aligned)
+    rows = rows[np.isin(_pair_key(rows["g"], rows["rank"]), _pair_key(pairs["g"], pairs["rank"]))]
+    if rows.empty:
+        return out
+    counts = _counts(rows, pairs)
+    spread = counts.groupby(["g", "op"])["n"].transform("nunique") > 1
+    by_group = {}
+    for sh in shifts or []:
+        if sh.group in gcode:
+            by_group[gcode[sh.group]] = sh
+    starts = rows.groupby("g")["seq"].min()
+    total = 0
+    for (g, op), part in counts[spread.to_numpy()].groupby(["g", "op"]):  # (group, op) pairs whose counts differ: few
+        ranks, n = part["rank"].to_numpy(), part["n"].to_numpy()
+        ref = _reference(ranks, n, by_group.get(int(g)))
+        group, op_name = str(table.groups[g]), str(table.ops[op])
         if ref is None:
-            camps = sorted(set(by_rank.values()))
-            out.notes.append(
-                f"ranks {ranges(list(by_rank))} issued different numbers of {op} in group {group} "
-                f"({', '.join(f'{ranges([r for r, v in by_rank.items() if v == n])}: {n}' for n in camps)}), "
-                "and no majority or stream alignment tells which one diverged")
+            camps = ", ".join(f"{ranges(ranks[n == k].tolist())}: {int(k)}" for k in np.unique(n))
+            out.notes.append(f"ranks {ranges(ranks.tolist())} issued different numbers of {op_name} in group {group} "
+                             f"({camps}), and no majority or stream alignment tells which one diverged")
             continue
         expected, peers = ref
-        sites = per_site.loc[(group, op)]
-        for r, n in by_rank.items():
-            if n == expected or r in peers:
-                continue
-            for site, issued, theirs in _sites(sites, r, peers, n - expected):
-                item: dict[str, Any] = {"rank": r, "group": str(group), "op": str(op), "site": site, "issued": issued,
-                                        "peers_issued": theirs, "peers": peers, "from_seq": int(starts[group])}
-                if (str(group), r) in firsts:
-                    item["first_shift"] = firsts[(str(group), r)]
+        odd = ranks[(n != expected) & ~np.isin(ranks, peers)]
+        total += len(odd)
+        mine = rows[(rows["g"] == g).to_numpy() & (rows["op"] == op).to_numpy()]
+        for r in odd[: max(0, MAX_ITEMS - len(out.items))]:  # at most MAX_ITEMS ranks in all
+            for site, issued, theirs in _sites(mine, int(r), peers, int(n[ranks == r][0]) - expected):
+                item: dict[str, Any] = {"rank": int(r), "group": group, "op": op_name,
+                                        "site": None if site is None else str(table.sites[site]), "issued": issued,
+                                        "peers_issued": theirs, "peers": peers.tolist(), "from_seq": int(starts[g])}
+                if (int(g), int(r)) in firsts:
+                    item["first_shift"] = firsts[(int(g), int(r))]
                 out.items.append(item)
     out.items.sort(key=lambda d: (d["group"], d["rank"], d["op"], str(d["site"])))
-    if len(out.items) > MAX_ITEMS:
-        out.notes.append(f"{len(out.items)} call sites whose counts differ; the report lists the first {MAX_ITEMS}")
-        out.items = out.items[:MAX_ITEMS]
+    if total > MAX_ITEMS:
+        out.notes.append(f"{total} ranks issued a different number of some collective than their peers; the report "
+                         f"lists the first {MAX_ITEMS}")
     return out
 
 
-def _grid(coll: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Counts per `keys` (rows) and rank (columns): 0 where a compared rank issued none, NaN where the rank
-    is not compared in that group."""
-    counts = coll.groupby([*keys, "rank"], observed=True).size().unstack("rank")
-    member = coll[["group", "rank"]].drop_duplicates().assign(x=1.0).pivot(index="group", columns="rank", values="x")
-    held = member.reindex(index=counts.index.get_level_values("group"), columns=counts.columns).to_numpy()
-    return pd.DataFrame(np.where(held == 1.0, counts.fillna(0).to_numpy(), np.nan), index=counts.index,
-                        columns=counts.columns)
+def _names(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Codes (-1: null) and each code's name as str, computed per category, not per row."""
+    cat = values.array if isinstance(values.dtype, pd.CategoricalDtype) else pd.Categorical(values)
+    return np.asarray(cat.codes, dtype=np.int64), np.asarray([str(c) for c in cat.categories], dtype=object)
 
 
-def _sites(sites: pd.DataFrame | None, rank: int, peers: list[int], diff: int) -> list[tuple[str | None, int, int]]:
-    """(site, issued, peers_issued) where `rank`'s count at a site differs from its peers' (all agreeing) by
-    as much as its whole count of the op does, in the same direction; else one item without a site (the
-    ranks call the op from different lines, so no one site holds the difference)."""
-    if sites is not None:
-        mine, theirs = sites[rank], sites[peers]
-        agree = theirs.nunique(axis=1) == 1
-        delta = mine - theirs.iloc[:, 0]
-        hit = agree & (delta == diff)
-        if hit.any():
-            return [(str(site), int(mine[site]), int(theirs.loc[site].iloc[0])) for site in sites.index[hit]]
-        total = sites[rank].sum()
-        return [(None, int(total), int(total) - diff)]
-    return []
-def _collectives(entries: pd.DataFrame) -> pd.DataFrame:
-    """rank, group, seq, op, site of every collective with a seq; a C++-issued op's site says so."""
+def _collectives(entries: pd.DataFrame) -> _Table | None:
+    """rank, group, seq, op, site codes of every collective with a seq; a C++-issued op's site says so."""
     coll = entries.loc[(entries["kind"] == "coll").to_numpy() & (entries["seq"] > 0).to_numpy(),
                        ["rank", "group", "seq", "op", "site", "source"]]
     if coll.empty:
-        return pd.DataFrame(columns=["rank", "group", "seq", "op", "site"])
-    site = pd.Categorical(coll["site"].astype(object).where(coll["site"].notna(), ""))
-    cpp = (coll["source"].astype(str) == "c++").to_numpy()
-    labels = np.asarray([str(c) for c in site.categories] + [""], dtype=object)
-    text = labels[site.codes]  # code -1 (null) -> ""
-    text = np.where(text != "", text, np.where(cpp, CPP_SITE, UNKNOWN_SITE))
-    return pd.DataFrame({
-        "rank": coll["rank"].to_numpy(np.int64),
-        "group": coll["group"].astype(str).to_numpy(),
-        "seq": coll["seq"].to_numpy(np.int64),
-        "op": coll["op"].astype(str).to_numpy(),
-        "site": pd.Categorical(text),
-    })
+        return None
+    g, groups = _names(coll["group"])
+    op, ops = _names(coll["op"])
+    site, labels = _names(coll["site"])
+    blank = np.append(labels == "", True)[site]  # code -1 (null) -> the appended True
+    cpp = (coll["source"] == "c++").to_numpy(dtype=bool)
+    site = np.where(~blank, site, np.where(cpp, len(labels), len(labels) + 1))
+    rows = pd.DataFrame({"rank": coll["rank"].to_numpy(np.int64), "g": g, "seq": coll["seq"].to_numpy(np.int64),
+                         "op": op, "site": site})
+    return _Table(rows, groups, ops, np.append(labels, [CPP_SITE, UNKNOWN_SITE]))
 
 
-def _window(coll: pd.DataFrame) -> pd.DataFrame:
+def _pair_key(g: Any, rank: Any) -> np.ndarray:
+    return np.asarray(g, dtype=np.int64) * (1 << 40) + np.asarray(rank, dtype=np.int64)
+
+
+def _window(rows: pd.DataFrame) -> pd.DataFrame:
     """Each group's rows from the oldest seq every rank of it still holds (rings wrap)."""
-    oldest = coll.groupby(["group", "rank"])["seq"].min().groupby(level="group").max().rename("lo")
-    lo = oldest.reindex(coll["group"]).to_numpy()
-    return coll[coll["seq"].to_numpy() >= lo].reset_index(drop=True)
+    oldest = rows.groupby(["g", "rank"])["seq"].min().groupby(level="g").max()
+    lo = oldest.reindex(rows["g"]).to_numpy()
+    return rows[rows["seq"].to_numpy() >= lo].reset_index(drop=True)
 
 
-def _tokens(coll: pd.DataFrame, fields: list[str]) -> pd.DataFrame:
-    """One row per (group, rank, seq): its `fields` as one code, and the group's majority code at that seq
-    (-1 where no strict majority)."""
-    one = coll.drop_duplicates(["group", "rank", "seq"]).copy()
-    one["token"] = dense_ids([pd.Categorical(one[f]).codes for f in fields])
-    tally = one.groupby(["group", "seq", "token"]).size().rename("k").reset_index()
-    held = one.groupby(["group", "seq"]).size().rename("held")
-    tally = tally.join(held, on=["group", "seq"])
-    major = tally[2 * tally["k"] > tally["held"]].set_index(["group", "seq"])["token"].rename("major")
-    one = one.join(major, on=["group", "seq"])
-    one["major"] = one["major"].fillna(-1).astype(np.int64)
-    return one
+def _positions(rows: pd.DataFrame, token: np.ndarray) -> pd.DataFrame:
+    """One row per (g, rank, seq) sorted so (the first op of a coalesced unit), with its token and the group's
+    strict-majority token at that seq (`major`, -1 where none)."""
+    order = np.lexsort((rows["seq"].to_numpy(), rows["rank"].to_numpy(), rows["g"].to_numpy()))
+    g, r, sq, tk = (rows["g"].to_numpy()[order], rows["rank"].to_numpy()[order], rows["seq"].to_numpy()[order],
+                    token[order])
+    first = np.ones(len(g), dtype=bool)
+    first[1:] = (g[1:] != g[:-1]) | (r[1:] != r[:-1]) | (sq[1:] != sq[:-1])
+    g, r, sq, tk = g[first], r[first], sq[first], tk[first]
+    at = dense_ids([g, sq])  # one id per (group, seq)
+    vote = dense_ids([at, tk])
+    k = np.bincount(vote)[vote]
+    held = np.bincount(at)[at]
+    wins = 2 * k > held
+    major = np.full(int(at.max()) + 1, -1, dtype=np.int64)
+    major[at[wins]] = tk[wins]
+    return pd.DataFrame({"g": g, "rank": r, "seq": sq, "token": tk, "major": major[at], "at": at})
 
 
-def _compared(coll: pd.DataFrame, exited: set[int], shifted: set[tuple[str, int]]) -> pd.DataFrame:
-    """The (group, rank) pairs whose counts are compared: all but the ranks that are merely behind (their ops
+def _compared(rows: pd.DataFrame, exited: set[int], shifted: set[tuple[int, int]]) -> pd.DataFrame:
+    """The (g, rank) pairs whose counts are compared: all but the ranks that are merely behind (their ops
     agree with the majority's wherever they hold one, they ended earlier and did not exit normally).
 
     "Agree" is by op; call sites alone do not make a rank diverge unless its stream's alignment with the
     majority's changed (`shifted`): a program may call the same collective from another line on some ranks.
     """
-    one = _tokens(coll, ["op"])
-    one["off"] = one["token"] != one["major"]
-    per = one.groupby(["group", "rank"]).agg(end=("seq", "max"), off=("off", "any")).reset_index()
-    per["last"] = per.groupby("group")["end"].transform("max")
-    moved = np.array([(str(g), int(r)) in shifted for g, r in zip(per["group"], per["rank"], strict=True)], dtype=bool)
-    behind = (per["end"] < per["last"]) & ~per["off"] & ~moved & ~per["rank"].isin(list(exited))
+    pos = _positions(rows, rows["op"].to_numpy())
+    pos["off"] = pos["token"].to_numpy() != pos["major"].to_numpy()
+    per = pos.groupby(["g", "rank"]).agg(end=("seq", "max"), off=("off", "any")).reset_index()
+    last = per.groupby("g")["end"].transform("max").to_numpy()
+    marked = np.array([_pair_key(g, r) for g, r in shifted], dtype=np.int64)
+    moved = np.isin(_pair_key(per["g"], per["rank"]), marked)
+    done = np.isin(per["rank"].to_numpy(), np.fromiter(exited, dtype=np.int64, count=len(exited)))
+    behind = (per["end"].to_numpy() < last) & ~per["off"].to_numpy() & ~moved & ~done
     per = per[~behind]
-    per = per[per.groupby("group")["rank"].transform("size") > 1]
-    return per[["group", "rank"]]
+    return per[per.groupby("g")["rank"].transform("size").to_numpy() > 1][["g", "rank"]]
 
 
-def _reference(by_rank: dict[int, int], shift: Shift | None) -> tuple[int, list[int]] | None:
+def _counts(rows: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """n per (g, op, rank): every compared rank of a group against every op of that group (0 where none)."""
+    n = rows.groupby(["g", "op", "rank"]).size().rename("n")
+    ops = rows[["g", "op"]].drop_duplicates()
+    full = pairs.merge(ops, on="g")
+    full = full.join(n, on=["g", "op", "rank"])
+    full["n"] = full["n"].fillna(0).astype(np.int64)
+    return full
+
+
+def _reference(ranks: np.ndarray, n: np.ndarray, shift: Shift | None) -> tuple[int, np.ndarray] | None:
     """The peers' count and the peers: a strict majority's, else the camp the stream alignment cleared."""
-    values = pd.Series(by_rank)
-    tally = values.value_counts()
-    if 2 * int(tally.iloc[0]) > len(values):
-        n = int(tally.index[0])
-        return n, sorted(int(r) for r in values.index[values == n])
+    values, k = np.unique(n, return_counts=True)
+    if 2 * int(k.max()) > len(n):
+        best = int(values[k.argmax()])
+        return best, np.sort(ranks[n == best])
     if shift is not None:
-        theirs = {by_rank[r] for r in shift.others if r in by_rank}
-        if len(theirs) == 1 and all(r in by_rank for r in shift.ranks):
-            return theirs.pop(), sorted(r for r in shift.others if r in by_rank)
+        others = np.isin(ranks, shift.others)
+        theirs = np.unique(n[others])
+        if len(theirs) == 1 and np.isin(shift.ranks, ranks).all():
+            return int(theirs[0]), np.sort(ranks[others])
     return None
 
 
-def _first_shifts(coll: pd.DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
-    """(group, rank) -> where its stream first went another way, when the rest lines up with the majority's
-    one position later (`offset` 1: it skipped an op) or earlier (-1: it issued one extra)."""
-    one = _tokens(coll, ["op", "site"])
-    off = one[(one["token"] != one["major"]).to_numpy() & (one["major"] >= 0).to_numpy()]
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    if off.empty:
+def _sites(rows: pd.DataFrame, rank: int, peers: np.ndarray, diff: int) -> list[tuple[int | None, int, int]]:
+    """(site, issued, peers_issued) where `rank`'s count at a site differs from its peers' (all agreeing) by
+    as much as its whole count of the op does, in the same direction; else one item without a site (the
+    ranks call the op from different lines, so no one site holds the difference)."""
+    mine = rows.loc[(rows["rank"] == rank).to_numpy(), "site"].value_counts()
+    theirs = rows[np.isin(rows["rank"].to_numpy(), peers)].groupby(["site", "rank"]).size()
+    stats = theirs.groupby(level="site").agg(["min", "max", "size"])
+    out: list[tuple[int | None, int, int]] = []
+    for site in sorted(set(mine.index) | set(stats.index)):  # this op's sites: few
+        issued = int(mine.get(site, 0))
+        if site in stats.index:
+            low, high, held = (int(v) for v in stats.loc[site])
+            if held != len(peers) or low != high:
+                continue  # the peers disagree among themselves at this site
+            peer = low
+        else:
+            peer = 0
+        if issued - peer == diff:
+            out.append((int(site), issued, peer))
+    if out:
         return out
-    firsts = off.groupby(["group", "rank"])["seq"].min()
-    for (group, rank), first in firsts.items():  # the diverging ranks only: few
-        mine = one[(one["group"] == group).to_numpy() & (one["rank"] == rank).to_numpy()]
-        major = one[(one["group"] == group).to_numpy()].drop_duplicates("seq").set_index("seq")["major"]
-        for offset in (1, -1):  # skipped: its op at `first` is theirs at first + 1; extra: its op at first is its own
-            later = mine[mine["seq"] >= first] if offset == 1 else mine[mine["seq"] > first]
-            theirs = major.reindex(later["seq"].to_numpy() + offset).to_numpy()
-            known = ~np.isnan(theirs.astype(float)) & (theirs >= 0)
-            if known.any() and (later["token"].to_numpy()[known] == theirs[known]).all():
-                at = mine[mine["seq"] == first].iloc[0]
-                peer = one[(one["group"] == group).to_numpy() & (one["seq"] == first).to_numpy()
-                           & (one["token"] == one["major"]).to_numpy()].iloc[0]
-                out[(str(group), int(rank))] = {
-                    "seq": int(first), "offset": offset, "op": str(at["op"]), "site": str(at["site"]),
-                    "peers_op": str(peer["op"]), "peers_site": str(peer["site"]),
-                }
-                break
+    total = int(mine.sum())
+    return [(None, total, total - diff)]
+
+
+def _first_shifts(rows: pd.DataFrame, table: _Table) -> dict[tuple[int, int], dict[str, Any]]:
+    """(g, rank) -> where its stream first went another way, when the rest lines up with the majority's
+    one position later (`offset` 1: it skipped an op) or earlier (-1: it issued one extra), by (op, site)."""
+    width = len(table.sites)
+    pos = _positions(rows, rows["op"].to_numpy() * width + rows["site"].to_numpy())
+    off = (pos["token"] != pos["major"]).to_numpy() & (pos["major"] >= 0).to_numpy()
+    if not off.any():
+        return {}
+    pair = _pair_key(pos["g"], pos["rank"])
+    firsts = pd.Series(pos["seq"].to_numpy()[off]).groupby(pair[off]).min()
+    first = firsts.reindex(pair).to_numpy()  # NaN for pairs that never differ
+    span = int(pos["seq"].max()) + 2
+    majors = pd.Series(pos["major"].to_numpy(), index=pos["g"].to_numpy() * span + pos["seq"].to_numpy())
+    majors = majors[~majors.index.duplicated()]
+    seq, token, g = pos["seq"].to_numpy(), pos["token"].to_numpy(), pos["g"].to_numpy()
+    fits: dict[int, pd.Series] = {}
+    for offset in (1, -1):  # skipped: its op at `first` is theirs at first + 1; extra: its op at first is its own
+        use = (seq >= first) if offset == 1 else (seq > first)  # NaN compares False
+        theirs = majors.reindex(g[use] * span + seq[use] + offset).fillna(-1).to_numpy(np.int64)
+        known = theirs >= 0
+        bad = known & (token[use] != theirs)
+        per = pd.DataFrame({"known": known, "bad": bad}).groupby(pair[use]).any()
+        fits[offset] = per["known"] & ~per["bad"]
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    at_first = pos[(seq == first)]  # one row per diverging pair: where it first differs
+    for row in at_first.itertuples(index=False):  # the diverging ranks only
+        key = int(_pair_key(row.g, row.rank))
+        offset = next((o for o in (1, -1) if bool(fits[o].get(key, False))), None)
+        if offset is None:
+            continue
+        peer = int(row.major)
+        out[(int(row.g), int(row.rank))] = {
+            "seq": int(row.seq), "offset": offset,
+            "op": str(table.ops[row.token // width]), "site": str(table.sites[row.token % width]),
+            "peers_op": str(table.ops[peer // width]), "peers_site": str(table.sites[peer % width]),
+        }
     return out
 
 
