@@ -32,7 +32,7 @@ import pandas as pd
 
 from .. import stackview
 from ..constants import CPP_SITE
-from ..keys import dense_ids
+from ..keys import dense_ids, pack_keys
 from ..textutil import ranges
 from .matching import Shift
 
@@ -66,10 +66,11 @@ def find_divergence(entries: pd.DataFrame, exited: set[int], shifts: list[Shift]
     if table is None:
         return out
     rows = _window(table.rows)
-    firsts = _first_shifts(rows, table)
+    by_op, by_site = _positions(rows, [rows["op"].to_numpy(), rows["op"].to_numpy() * len(table.sites) + rows["site"].to_numpy()])
+    firsts = _first_shifts(by_site, table)
     gcode = {str(name): i for i, name in enumerate(table.groups)}
     aligned = {(gcode[sh.group], r) for sh in shifts or [] if sh.group in gcode for r in [*sh.ranks, *sh.others]}
-    pairs = _compared(rows, exited, set(firsts) | aligned)
+    pairs = _compared(by_op, exited, set(firsts) | aligned)
     rows = rows[np.isin(_pair_key(rows["g"], rows["rank"]), _pair_key(pairs["g"], pairs["rank"]))]
     if rows.empty:
         return out
@@ -128,7 +129,7 @@ def _collectives(entries: pd.DataFrame) -> _Table | None:
     cpp = (coll["source"] == "c++").to_numpy(dtype=bool)
     site = np.where(~blank, site, np.where(cpp, len(labels), len(labels) + 1))
     rows = pd.DataFrame({"rank": coll["rank"].to_numpy(np.int64), "g": g, "seq": coll["seq"].to_numpy(np.int64),
-                         "op": op, "site": site})
+                         "op": op, "site": site}, copy=False)  # fresh columns: no 2-D block copy
     return _Table(rows, groups, ops, np.append(labels, [CPP_SITE, UNKNOWN_SITE]))
 
 
@@ -143,33 +144,42 @@ def _window(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["seq"].to_numpy() >= lo].reset_index(drop=True)
 
 
-def _positions(rows: pd.DataFrame, token: np.ndarray) -> pd.DataFrame:
-    """One row per (g, rank, seq) sorted so (the first op of a coalesced unit), with its token and the group's
-    strict-majority token at that seq (`major`, -1 where none)."""
-    order = np.lexsort((rows["seq"].to_numpy(), rows["rank"].to_numpy(), rows["g"].to_numpy()))
-    g, r, sq, tk = (rows["g"].to_numpy()[order], rows["rank"].to_numpy()[order], rows["seq"].to_numpy()[order],
-                    token[order])
+def _positions(rows: pd.DataFrame, tokens: list[np.ndarray]) -> list[pd.DataFrame]:
+    """Per token kind, one row per (g, rank, seq), sorted so (the first op of a coalesced unit), with its
+    token and the group's strict-majority token at that seq (`major`, -1 where none). The rows are sorted
+    once (one packed int64 key) for every kind."""
+    g, r, sq = rows["g"].to_numpy(), rows["rank"].to_numpy(), rows["seq"].to_numpy()
+    key = pack_keys([g, r, sq])
+    order = np.argsort(key, kind="stable") if key is not None else np.lexsort((sq, r, g))
+    g, r, sq = g[order], r[order], sq[order]
     first = np.ones(len(g), dtype=bool)
-    first[1:] = (g[1:] != g[:-1]) | (r[1:] != r[:-1]) | (sq[1:] != sq[:-1])
-    g, r, sq, tk = g[first], r[first], sq[first], tk[first]
+    if key is not None:
+        ordered = key[order]
+        first[1:] = ordered[1:] != ordered[:-1]
+    else:
+        first[1:] = (g[1:] != g[:-1]) | (r[1:] != r[:-1]) | (sq[1:] != sq[:-1])
+    g, r, sq = g[first], r[first], sq[first]
     at = dense_ids([g, sq])  # one id per (group, seq)
-    vote = dense_ids([at, tk])
-    k = np.bincount(vote)[vote]
     held = np.bincount(at)[at]
-    wins = 2 * k > held
-    major = np.full(int(at.max()) + 1, -1, dtype=np.int64)
-    major[at[wins]] = tk[wins]
-    return pd.DataFrame({"g": g, "rank": r, "seq": sq, "token": tk, "major": major[at], "at": at})
+    out = []
+    for token in tokens:
+        tk = token[order][first]
+        vote = dense_ids([at, tk])
+        wins = 2 * np.bincount(vote)[vote] > held
+        major = np.full(int(at.max()) + 1, -1, dtype=np.int64)
+        major[at[wins]] = tk[wins]
+        out.append(pd.DataFrame({"g": g, "rank": r, "seq": sq, "token": tk, "major": major[at]}, copy=False))
+    return out
 
 
-def _compared(rows: pd.DataFrame, exited: set[int], shifted: set[tuple[int, int]]) -> pd.DataFrame:
+def _compared(by_op: pd.DataFrame, exited: set[int], shifted: set[tuple[int, int]]) -> pd.DataFrame:
     """The (g, rank) pairs whose counts are compared: all but the ranks that are merely behind (their ops
     agree with the majority's wherever they hold one, they ended earlier and did not exit normally).
 
     "Agree" is by op; call sites alone do not make a rank diverge unless its stream's alignment with the
     majority's changed (`shifted`): a program may call the same collective from another line on some ranks.
     """
-    pos = _positions(rows, rows["op"].to_numpy())
+    pos = by_op
     pos["off"] = pos["token"].to_numpy() != pos["major"].to_numpy()
     per = pos.groupby(["g", "rank"]).agg(end=("seq", "max"), off=("off", "any")).reset_index()
     last = per.groupby("g")["end"].transform("max").to_numpy()
@@ -230,11 +240,10 @@ def _sites(rows: pd.DataFrame, rank: int, peers: np.ndarray, diff: int) -> list[
     return [(None, total, total - diff)]
 
 
-def _first_shifts(rows: pd.DataFrame, table: _Table) -> dict[tuple[int, int], dict[str, Any]]:
+def _first_shifts(pos: pd.DataFrame, table: _Table) -> dict[tuple[int, int], dict[str, Any]]:
     """(g, rank) -> where its stream first went another way, when the rest lines up with the majority's
     one position later (`offset` 1: it skipped an op) or earlier (-1: it issued one extra), by (op, site)."""
     width = len(table.sites)
-    pos = _positions(rows, rows["op"].to_numpy() * width + rows["site"].to_numpy())
     off = (pos["token"] != pos["major"]).to_numpy() & (pos["major"] >= 0).to_numpy()
     if not off.any():
         return {}
