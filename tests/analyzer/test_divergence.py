@@ -145,3 +145,19 @@ def test_two_ranks_with_no_alignment_name_nobody(tmp_path: Path) -> None:
     report = analyzers.load(job.write(tmp_path)).report()
     assert report["divergence"] == []
     assert any("no majority or stream alignment tells which one diverged" in g for g in report["gaps"])
+
+
+def test_a_skip_on_ranks_that_call_from_different_lines_is_counted_without_a_site(tmp_path: Path) -> None:
+    """Rank 0 calls the op from its own line; rank 3 skips one call and exits: no one site holds the
+    difference, so its count is told over all its sites (`site` null)."""
+    job = Job(4)
+    for step in range(5):
+        job.collective("0", "all_reduce", site="train.py:20 in step", ranks=[0])
+        job.collective("0", "all_reduce", site="train.py:22 in step", ranks=[1, 2] + ([3] if step != 2 else []))
+    job.collective("0", "all_reduce", site="train.py:22 in step", ranks=[3])  # its last, paired with their 5th
+    job.collective("0", "all_reduce", site="train.py:20 in step", ranks=[0], state="started")
+    job.collective("0", "all_reduce", site="train.py:22 in step", ranks=[1, 2], state="started")
+    job.set(3, reason="exit")
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert [(d["rank"], d["site"], d["issued"], d["peers_issued"]) for d in report["divergence"]] == [(3, None, 5, 6)]
+    assert "rank 3 issued 5 all_reduce (its call sites differ from its peers')" in text_report(report)
