@@ -161,3 +161,16 @@ def test_a_skip_on_ranks_that_call_from_different_lines_is_counted_without_a_sit
     report = analyzers.load(job.write(tmp_path)).report()
     assert [(d["rank"], d["site"], d["issued"], d["peers_issued"]) for d in report["divergence"]] == [(3, None, 5, 6)]
     assert "rank 3 issued 5 all_reduce (its call sites differ from its peers')" in text_report(report)
+
+
+def test_ops_of_unknown_kind_beside_known_ones_are_not_counted_apart(tmp_path: Path) -> None:
+    """Rank 1 recorded a C++ op whose kind it could not tell; the others know it is an all_reduce: counting
+    it as another op would make rank 1 look one all_reduce short."""
+    job = Job(4)
+    for _ in range(4):
+        job.collective("0", "all_reduce", source="c++", api="c++")
+    for r in range(4):
+        job.entry(r, group="0", seq=5, kind="coll", op="unknown" if r == 1 else "all_reduce", source="c++")
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["divergence"] == []
+    assert any("unknown kind" in g for g in report["gaps"])
