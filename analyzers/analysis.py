@@ -32,6 +32,8 @@ from .constants import (
 )
 from .diagnosis import groups as groups_mod
 from .diagnosis.causes import CauseResult, build_graph, find_causes
+from .diagnosis.divergence import Divergence, find_divergence
+from .diagnosis.divergence import line as divergence_line
 from .diagnosis.failures import Failure, exited_ranks, find_failures
 from .diagnosis.matching import MatchResult, match
 from .diagnosis.stalls import find_stalls, short_site
@@ -151,6 +153,13 @@ class Analysis:
         result = match(self.entries, self.members, self._transfers)
         release_free_memory()  # the per-position temporaries: millions of rows at scale
         return result
+
+    @cached_property
+    def divergence(self) -> Divergence:
+        """Per (group, op, call site), the ranks that issued a different number of collectives than their
+        peers (diagnosis/divergence.py): where a stream went another way, not only where it broke."""
+        current = self._current_entries
+        return find_divergence(current, exited_ranks(self.dumps), self._matched.shifts)
 
     @cached_property
     def _waits(self) -> WaitResult:
@@ -283,7 +292,7 @@ class Analysis:
                        "progress counters, threads and last ops; timing and mismatches among older completed ops were "
                        "not analysed (--read full)")
         out += _wrap_notes(self.entries, {r: d for r, d in self.dumps.items() if not d.meta.get("summary_only")})
-        out += self._matched.notes + self._waits.notes + self._causes.notes
+        out += self._matched.notes + self.divergence.notes + self._waits.notes + self._causes.notes
         if self.slow.stragglers or self.verdict not in (HANG, DEADLOCK, CRASH, DESYNC):
             out += self.slow.notes  # why slow ranks could not be told is noise on a hang report
         if self.missing:
@@ -312,12 +321,13 @@ class Analysis:
             },
             "jobs": self._data.jobs or {"analysed": {}, "ignored": []},
             "attempts": self._data.attempts or {"analysed": 0, "others": []},
-            "root_causes": [{**c.item(), **self._where(c.rank)} for c in causes],
+            "root_causes": [self._diverged_detail({**c.item(), **self._where(c.rank)}) for c in causes],
             "victims": victims,
             "waits": [{**w.item(), **self._waiter_place(w)} for w in waits],
             "cycles": self._causes.cycles,
             "failures": [f.item() for f in self.failures],
             "mismatches": [m.as_dict() for m in self._matched.mismatches],
+            "divergence": self.divergence.items,
             "gaps": self.gaps(),
             "stragglers": self.slow.stragglers,
             "recovered_stalls": self.recovered_stalls,
@@ -330,6 +340,14 @@ class Analysis:
                 for g, d, b, r, how in self.groups[["group", "desc", "backend", "ranks", "membership"]].itertuples(index=False)
             ],
         }
+
+    def _diverged_detail(self, cause: dict[str, Any]) -> dict[str, Any]:
+        """A root cause's detail, with where its rank's stream diverged in that group (if it did)."""
+        mine = [d for d in self.divergence.items if d["rank"] == cause.get("rank") and d["group"] == cause.get("group")]
+        if not mine:
+            return cause
+        said = "; ".join(divergence_line(d, short=True) for d in mine[:3])
+        return {**cause, "detail": f"{cause['detail']}; where its stream diverged: {said}" if cause.get("detail") else said}
 
     def _where(self, rank: int) -> dict[str, Any]:
         """Where to act on a rank: its host, local rank, pid and node rank (torchrun's GROUP_RANK), as

@@ -15,6 +15,7 @@ import pandas as pd
 
 from .. import stackview
 from ..constants import COMM_STUCK, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from ..diagnosis.divergence import line as divergence_line
 from ..diagnosis.stalls import short_site
 from ..textutil import channel_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
 
@@ -69,6 +70,7 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
             lines += [f"  rank {c['rank']}: {_cause_phrase(c)}" for c in rest[:DEFAULT_OTHER_CAUSES]]
             if len(rest) > DEFAULT_OTHER_CAUSES:
                 lines.append(f"  ... {len(rest) - DEFAULT_OTHER_CAUSES} more (-v lists them)")
+    lines += _divergence_lines(report, verbose)
     chain = _waiting_lines(report, graph, verbose)
     if chain:
         lines += ["", "waiting ranks (waiters -> awaited, where the waiters are):"] + chain
@@ -353,6 +355,19 @@ def _mismatch_lines(report: dict[str, Any], verbose: bool) -> list[str]:
         out.append(f"  {m['op']} #{m['seq']} of group {m['group']}: {m['field']} differs on {who(m['ranks'], 40)} ({vals})")
     if len(report["mismatches"]) > len(shown):
         out.append(f"  ... {len(report['mismatches']) - len(shown)} more (-v or --format json lists all)")
+    return out
+
+
+def _divergence_lines(report: dict[str, Any], verbose: bool) -> list[str]:
+    """Where ranks' op streams went another way: per call site, a rank's count next to its peers'."""
+    items = report.get("divergence") or []
+    if not items:
+        return []
+    shown = items if verbose else items[:3]
+    out = ["", "where the op streams diverged (collectives issued per call site):"]
+    out += [f"  {divergence_line(d, short=True)}" for d in shown]
+    if len(items) > len(shown):
+        out.append(f"  ... {len(items) - len(shown)} more (-v or --format json lists all)")
     return out
 
 
