@@ -34,8 +34,8 @@ def group_progress(rec: Recorder) -> list[dict[str, Any]]:
     """One row per group (collectives) and per (group, peer, direction) of point-to-point ops.
 
     `completed` only counts what was seen complete: a C++-issued op whose completion cannot be observed
-    (state `unknown`), or that the process died of (`Recorder.fail_cpp_ops`), holds it back, and `unknown` counts such ops, so a reader can tell "not observed"
-    from "stuck".
+    (state `unknown`), or that the process died of (`Recorder.fail_cpp_ops`), holds it back, and
+    `unknown` counts the unobserved ones, so a reader can tell "not observed" from "stuck".
     """
     open_ops: dict[str, list[Entry]] = {}
     unknown: dict[str, int] = {}

@@ -540,7 +540,7 @@ class Recorder:
         newest = max(self.ring.snapshot() + list(self.cpp_open), key=lambda e: e.id, default=None)
         failed = [e for e in self.cpp_open if e.state in ("unknown", "started")
                   and e.pg_seq > ended.get(e.group, -1) and (e.group in ended or e.state == "started")]
-        if newest is not None and newest.source == "c++" and newest.state != "failed" and newest not in failed:
+        if newest is not None and newest.source == "c++" and newest.state != "failed" and all(newest is not e for e in failed):
             failed.append(newest)
         text = f"{type(exc).__name__}: {exc}"[:4000]
         for entry in failed:
