@@ -111,7 +111,7 @@ def headline(report: dict[str, Any]) -> str:
         what = (f"{me} exited while its peers still ran {_position(c)}; {who(gone, 40)} then failed on the "
                 "lost connection" if gone else f"{me} exited while its peers still wait for it in {_position(c)}")
         if gone:
-            waiters = []
+            return f"{verdict.upper()}: {what}" + (f" (and {plural(len(causes) - 1, 'more root cause')})" if len(causes) > 1 else "")
     elif c["kind"] == CRASHED:
         exc = _exception_text(c)
         what = f"{me} crashed" + (f" ({exc})" if exc else "")

@@ -180,3 +180,18 @@ def test_failures_nothing_explains_are_inconclusive(tmp_path: Path) -> None:
     job.set(1, reason="exception", reason_detail=f"uncaught in thread MainThread: {GLOO_CLOSED}")
     report = analyzers.load(job.write(tmp_path / "lost")).report()
     assert report["verdict"] == "inconclusive" and "rank 1 failed with a lost connection" in report["summary"]
+
+
+def test_every_failure_and_exit_is_on_the_first_screen(tmp_path: Path) -> None:
+    """The text report names how each rank ended, grouped by kind, before the root cause's detail."""
+    from analyzers.reporting.render import text_report
+
+    job = Job(4)
+    _nan_skip(job, {0: "failed", 1: "failed", 3: "failed"})
+    lines = text_report(analyzers.load(job.write(tmp_path)).report()).splitlines()
+    assert lines[0] == ("HANG: rank 2 exited while its peers still ran all_reduce #13 of group 0 (default_pg); "
+                        "ranks 0-1, 3 then failed on the lost connection")
+    first_screen = "\n".join(lines[:24])
+    assert "  rank 2 exited normally (+0.30 s)" in first_screen
+    assert ("  ranks 0-1, 3 failed with a lost connection (+0.00 to +0.20 s): RuntimeError: Connection closed by peer "
+            "[127.0.0.1]:63143.") in first_screen
