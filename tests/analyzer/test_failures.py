@@ -157,6 +157,9 @@ def test_a_rank_that_left_while_the_others_failed_is_never_healthy(tmp_path: Pat
     (cause,) = report["root_causes"]
     assert cause["victims"] == [0, 1, 3] and cause["seq"] == 13 and cause["op"] == "all_reduce"
     assert report["summary"].startswith("hang: rank 2 exited normally before all_reduce (group 0, seq 13)")
+    # rank 0's op is still running: ranks 1 and 3 'completed' it only as PyTorch's gloo recorder says (it
+    # counts a failed op), and rank 2 never entered it: nobody can have completed it
+    assert [w["rank"] for w in report["waits"]] == [0] and not any("rank 0's all_reduce" in g for g in report["gaps"])
 
 
 def test_the_failed_ops_wait_for_the_rank_that_left(tmp_path: Path) -> None:
