@@ -34,7 +34,7 @@ from .diagnosis import groups as groups_mod
 from .diagnosis.causes import CauseResult, build_graph, find_causes
 from .diagnosis.divergence import Divergence, find_divergence
 from .diagnosis.divergence import line as divergence_line
-from .diagnosis.failures import Failure, exited_ranks, find_failures
+from .diagnosis.failures import Failure, exited_ranks, failures_text, find_failures, unexplained
 from .diagnosis.matching import MatchResult, match
 from .diagnosis.stalls import find_stalls, short_site
 from .diagnosis.transfers import Transfers, pair_transfers
@@ -253,8 +253,10 @@ class Analysis:
             return CRASH
         if self._waits.waits and self._only_unreadable:
             return INCONCLUSIVE
-        if self._waits.waits:
-            return HANG
+        if self._waits.waits or any(c.kind == EXITED for c in self._causes.causes):
+            return HANG  # a rank that left while others still ran: they waited for it, or failed without it
+        if self._unexplained_failures:
+            return INCONCLUSIVE  # a rank raised, lost its connection or was stopped: never healthy
         if self._untimed:  # nobody waits; slow needs every rank's timing
             return INCONCLUSIVE
         if self.slow.stragglers:
@@ -262,6 +264,13 @@ class Analysis:
         if self._unknown_state:
             return INCONCLUSIVE
         return HEALTHY
+
+    @property
+    def _unexplained_failures(self) -> list[Failure]:
+        """Ranks that raised, lost their connection, timed out or were stopped, when no root cause
+        (a crash, a rank that left, a hang) explains them: the job did not end well, whatever the
+        waits say, and the dumps cannot tell why."""
+        return unexplained(self.failures)
 
     @property
     def _only_unreadable(self) -> list[int]:
@@ -403,6 +412,10 @@ class Analysis:
             return (f"inconclusive: ranks wait for rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}, whose dump "
                     f"could not be read ({self._absent_text[ranks[0]]}): whether {'they are' if len(ranks) > 1 else 'it is'}"
                     " the culprit cannot be told")
+        if verdict == INCONCLUSIVE and self._unexplained_failures:
+            failed = self._unexplained_failures
+            return (f"inconclusive: nobody waits, but {failures_text(failed)}, and no rank's dump says what started "
+                    "it (no own error before the failures, no rank missing, none that left early)")
         if verdict == INCONCLUSIVE and self._untimed:
             return ("inconclusive: no rank is waiting; the dumps' summaries alone cannot tell a slow rank "
                     "(read them whole for the timing: --read full)")

@@ -95,6 +95,10 @@ class _Armed:
         inside autograd end here): the process is about to die, so write the evidence first."""
         text = f"{type(exc).__name__}: {exc}"[:4000]
         self.crashed = True
+        try:
+            self.recorder.fail_cpp_ops(exc)  # a C++-issued op's error (DDP's Reducer) ends here, not in our wrapper
+        except Exception as inner:  # noqa: BLE001 - the dump matters more
+            log.warn_once("fail-cpp-ops", f"could not mark the C++-issued op that failed: {inner!r}")
         self.dump("exception", f"uncaught in thread {thread}: {text}",
                   exception={"type": type(exc).__name__, "message": str(exc)[:4000], "thread": thread,
                              "traceback": frames[-64:], "code": code[-64:]})

@@ -101,7 +101,7 @@ def _enrich_cpp_entries(entries: list[Entry], fr: dict[str, Any] | None, wall_mi
             entry.inputs = torch_fr.tensor_meta(item.get("input_sizes"), item.get("input_dtypes"))
             entry.outputs = torch_fr.tensor_meta(item.get("output_sizes"), item.get("output_dtypes"))
         last_done = completed.get(entry.group)
-        if last_done is not None and entry.state == "unknown":
+        if last_done is not None and entry.state in ("unknown", "started"):  # "started": as of the last poll
             entry.state = "completed" if entry.pg_seq <= last_done else "started"
         if item is not None:
             taken = _take_fr_times(entry, item, wall_minus_mono_ns)

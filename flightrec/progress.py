@@ -26,7 +26,7 @@ def counters(entered: int, open_seqs: list[tuple[int, str]]) -> dict[str, int]:
     if not open_seqs:
         return {"entered": entered, "started": entered, "completed": entered}
     first = min(seq for seq, _ in open_seqs)
-    running = [seq for seq, state in open_seqs if state == "started"]
+    running = [seq for seq, state in open_seqs if state in ("started", "failed")]
     return {"entered": entered, "started": max(running) if running else first - 1, "completed": first - 1}
 
 
@@ -34,13 +34,14 @@ def group_progress(rec: Recorder) -> list[dict[str, Any]]:
     """One row per group (collectives) and per (group, peer, direction) of point-to-point ops.
 
     `completed` only counts what was seen complete: a C++-issued op whose completion cannot be observed
-    (state `unknown`) holds it back, and `unknown` counts such ops, so a reader can tell "not observed"
-    from "stuck".
+    (state `unknown`), or that the process died of (`Recorder.fail_cpp_ops`), holds it back, and
+    `unknown` counts the unobserved ones, so a reader can tell "not observed" from "stuck".
     """
     open_ops: dict[str, list[Entry]] = {}
     unknown: dict[str, int] = {}
-    for e in rec.in_flight() + list(rec.cpp_open):
-        if e.state in OPEN_STATES and e.seq > 0:
+    died_in = {id(e) for e in rec.cpp_failed}
+    for e in rec.in_flight() + list(rec.cpp_open) + list(rec.cpp_failed):
+        if (e.state in OPEN_STATES or id(e) in died_in) and e.seq > 0:
             open_ops.setdefault(e.group, []).append(e)
         if e.state == "unknown":
             unknown[e.group] = unknown.get(e.group, 0) + 1

@@ -7,6 +7,7 @@ could be held for longer than a few dictionary operations.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import weakref
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from . import log
+from . import log, torch_fr
 from .device_timing import DeviceTiming
 from .entry import Entry, tensor_meta
 from .groups import IN_ORDER, GroupRegistry, GroupState, StreamGroupState, device_backend
@@ -31,6 +32,8 @@ _monotonic_ns = time.monotonic_ns
 _Tensor = torch.Tensor
 _UNSEEN = object()
 _SETTLED = ("completed", "failed")  # entries nothing refers to any more: safe to reuse
+# An error raised by a collective backend (gloo's transport, NCCL, HCCL), not by the job's own code.
+BACKEND_ERROR = re.compile(r"[/\\]gloo[/\\]|\bgloo\b|ProcessGroup(Gloo|NCCL|HCCL)|\bNCCL\b|\bHCCL\b", re.IGNORECASE)
 _ASYNC_APIS = frozenset(("isend", "irecv", "batch_isend_irecv"))
 TRUST_AFTER = 8  # calls of an API whose counter step agreed before the step is predicted
 RECHECK_EVERY = 64  # a predicted step is still read and checked on every 64th entry
@@ -118,6 +121,7 @@ class Recorder:
         self.cpp_lock = threading.Lock()  # only around C++-op bookkeeping, held for microseconds
         self.active = True
         self.cpp_open: list[Entry] = []  # C++ ops whose completion is not known yet
+        self.cpp_failed: list[Entry] = []  # C++ ops marked failed as the process died of their error
         self.device_timing = DeviceTiming()  # used only by ops on a device (NCCL, HCCL)
         self._in_order_groups: dict[tuple[str, str], bool] = {}  # (group, device) -> IN_ORDER backend
         self.on_failure: Callable[[Entry, bool], None] | None = None  # set by the watchdog owner
@@ -523,6 +527,27 @@ class Recorder:
                         continue
                 self.note_cpp_ops(group, seq, now)
 
+    def fail_cpp_ops(self, exc: BaseException) -> list[Entry]:
+        """The process dies of an uncaught communication error that no wrapped call saw: it came from an
+        op issued in C++ (DDP's Reducer, functional collectives), whose Work we never hold. PyTorch's
+        gloo recorder retires a failed op as completed, so its `pg_status` cannot tell. Taken as failed:
+        the C++ ops still running per `pg_status`, and the rank's newest op when it is a C++ one (the
+        last op a rank issued before dying of a backend error is the one whose Work raised). Returns them."""
+        if not is_backend_error(exc):
+            return []
+        self.scan_cpp_ops()
+        ended = torch_fr.completed_seqs(torch_fr.read(include_entries=False))
+        newest = max(self.ring.snapshot() + list(self.cpp_open), key=lambda e: e.id, default=None)
+        failed = [e for e in self.cpp_open if e.state in ("unknown", "started")
+                  and e.pg_seq > ended.get(e.group, -1) and (e.group in ended or e.state == "started")]
+        if newest is not None and newest.source == "c++" and newest.state != "failed" and all(newest is not e for e in failed):
+            failed.append(newest)
+        text = f"{type(exc).__name__}: {exc}"[:4000]
+        for entry in failed:
+            entry.state, entry.error, entry.t_complete_ns = "failed", text, None  # when it failed is not known
+        self.cpp_failed += failed
+        return failed
+
     # ------------------------------------------------------------------ helpers
     def _settle_seq(self, entry: Entry, group: GroupState) -> None:
         seq_after = group.backend_seq()
@@ -596,3 +621,12 @@ class Recorder:
         items = self.ring.snapshot()
         items.sort(key=lambda e: e.id)
         return items
+
+
+def is_backend_error(exc: BaseException) -> bool:
+    """An error a collective raised (torch's DistBackendError; gloo's transport errors are plain
+    RuntimeErrors naming gloo's source file), not one of the job's own."""
+    backend_error = getattr(torch.distributed, "DistBackendError", None)
+    if backend_error is not None and isinstance(exc, backend_error):
+        return True
+    return bool(BACKEND_ERROR.search(str(exc)[:4000]))

@@ -34,7 +34,7 @@ from ..reading.rankdump import RankDump, SideFile
 from ..textutil import plural, ranges
 from . import failures as fail
 from .matching import MatchResult
-from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait
+from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, _progress
 
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
 CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, CRASHED, EXITED, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
@@ -187,9 +187,10 @@ def find_causes(
                                             and (c.seq or 0) > shift.last)]
     _mismatch_sites(causes, entries)
 
-    causes = _order_failures(causes, failures or [], dumps, absent, entries, desc)
+    causes = _order_failures(causes, failures or [], dumps, absent, entries, desc, members)
     cause_ranks = {r for c in causes for r in (c.ranks or [c.rank])}
     fallen = {f.rank for f in failures or [] if f.kind != fail.EXITED}
+    left_behind = fail.deserters(failures or [], _entered(dumps, entries), members) if failures else {}
     for c in causes:
         anc: set[int] = set()
         for r in c.ranks or [c.rank]:
@@ -197,19 +198,36 @@ def find_causes(
                 anc |= nx.ancestors(graph, r)
         if c.kind == CRASHED:
             anc |= fallen  # every rank that failed or was terminated after it went down with it
+        if c.kind == EXITED:
+            anc |= set(left_behind.get(c.rank, ()))  # they failed on the connection it closed
         c.victims = sorted(anc - cause_ranks)
     order = {k: i for i, k in enumerate(CAUSE_ORDER)}
     causes.sort(key=lambda c: (order.get(c.kind, 99), c.rank, c.group or "", c.seq or 0))
     return CauseResult(causes=causes, cycles=sccs, notes=notes)
 
 
+def _entered(dumps: dict[int, RankDump], entries: pd.DataFrame) -> dict[tuple[int, str], int]:
+    """(rank, group) -> the last collective seq the rank entered: its progress counters, else its ring."""
+    out: dict[tuple[int, str], int] = {}
+    coll = entries.loc[entries["kind"] == "coll", ["rank", "group", "seq"]]
+    if len(coll):
+        top = coll.groupby(["rank", "group"], observed=True)["seq"].max()
+        out = {(int(r), str(g)): int(q) for (r, g), q in top.items()}
+    for (rank, group), (entered, _) in _progress(dumps)[0].items():
+        out[(rank, group)] = max(out.get((rank, group), -1), int(entered))
+    return out
+
+
 def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int, RankDump],
-                    absent: dict[int, str], entries: pd.DataFrame, desc: dict[str, str]) -> list[Cause]:
+                    absent: dict[int, str], entries: pd.DataFrame, desc: dict[str, str],
+                    members: dict[str, Any] | None = None) -> list[Cause]:
     """Put the ranks' failures in time order: the first own error (or, when peers only lost their
-    connections, the ranks that left no dump) is `crashed`; a rank that exited cleanly is `exited`;
+    connections, the ranks that left no dump) is `crashed`; a rank that exited cleanly is `exited`,
+    also when nobody waits for it any more but peers that went on without it failed (`fail.deserters`);
     a rank whose only failure is a lost connection is a consequence, never a root cause."""
     if not failures:
         return causes
+    causes = _deserted(causes, failures, dumps, absent, entries, desc, members or {})
     own, silent = fail.crash_roots(failures, set(absent))
     if any(c.kind == MISMATCH for c in causes):
         own = []  # a collective that failed on mismatched sizes or types: the desync explains the error
@@ -238,6 +256,37 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
         _attach_traceback(c, dumps.get(r))
         kept.append(c)
     return kept
+
+
+def _deserted(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int, RankDump], absent: dict[int, str],
+              entries: pd.DataFrame, desc: dict[str, str], members: dict[str, Any]) -> list[Cause]:
+    """An `exited` cause for each rank that left while others still ran and failed without it, when no
+    wait names it already (the others' last op may read completed: PyTorch's gloo recorder retires a
+    failed op as completed) and no rank's own error or silent death explains the failures."""
+    own, silent = fail.crash_roots(failures, set(absent))
+    if own or silent:
+        return causes
+    named = {c.rank for c in causes}
+    groups = {str(g): tuple(int(r) for r in ranks) for g, ranks in members.items()}
+    entered = _entered(dumps, entries)
+    for rank, behind in sorted(fail.deserters(failures, entered, groups).items()):
+        if rank in named:
+            continue
+        last = _last_op(entries, rank)
+        mine = [g for g, ranks in groups.items() if rank in ranks and (rank, g) in entered
+                and any(entered.get((m, g), -1) > entered[(rank, g)] for m in behind)]
+        g = min(mine, key=lambda name: (len(groups[name]), name))
+        seq = entered[(rank, g)] + 1
+        at = entries.loc[entries["rank"].isin(behind) & (entries["group"] == g) & (entries["seq"] == seq)
+                         & (entries["kind"] == "coll"), "op"]
+        op = str(at.iloc[0]) if len(at) else None
+        detail = (f"rank {rank} exited normally" + (f" after {last}" if last else "")
+                  + f" while rank{'s' if len(behind) > 1 else ''} {ranges(behind)} still ran collectives of group "
+                  f"{g} with it (entered seq {seq} and later, which it never joined), then failed on the connection "
+                  "it closed")
+        causes.append(Cause(rank=rank, kind=EXITED, group=g, seq=seq, op=op, detail=detail,
+                            group_desc=desc.get(g, ""), last_op=last))
+    return causes
 
 
 def _attach_traceback(c: Cause, dump: RankDump | None) -> None:

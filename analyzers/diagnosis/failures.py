@@ -127,6 +127,48 @@ def crash_roots(failures: list[Failure], absent: set[int]) -> tuple[list[Failure
     return own, silent
 
 
+def deserters(failures: list[Failure], entered: dict[tuple[int, str], int],
+              members: dict[str, tuple[int, ...]]) -> dict[int, list[int]]:
+    """Ranks that left cleanly while others still ran: an `exited` rank that entered fewer ops of a group
+    than a member that then failed (a lost connection, a timeout). That member issued ops the leaver never
+    joined, so they could not complete: it left one op early (a skipped backward, uneven data) and took
+    the others down. Returns leaver -> the failed ranks it left behind. `entered`: (rank, group) -> the
+    last seq the rank entered (its progress counters)."""
+    failed = {f.rank for f in failures if f.kind in (PEER_LOST, TIMED_OUT)}
+    out: dict[int, list[int]] = {}
+    for f in failures:
+        if f.kind != EXITED:
+            continue
+        left = {m for g, ranks in members.items() if f.rank in ranks and (f.rank, g) in entered
+                for m in ranks if m in failed and entered.get((m, g), -1) > entered[(f.rank, g)]}
+        if left:
+            out[f.rank] = sorted(left)
+    return out
+
+
+def unexplained(failures: list[Failure]) -> list[Failure]:
+    """Failures other than a clean exit: a rank raised, lost its connection, timed out or was stopped."""
+    return [f for f in failures if f.kind != EXITED]
+
+
+def failures_text(failures: list[Failure], limit: int = 3) -> str:
+    """'ranks 0-1, 3 failed with a lost connection; rank 2 was terminated' (kinds in time order)."""
+    from ..textutil import ranges
+
+    kinds: dict[str, list[int]] = {}
+    for f in failures:
+        kinds.setdefault(f.kind, []).append(f.rank)
+    parts = [f"rank{'s' if len(rs) > 1 else ''} {ranges(rs)} {ended_words(k, len(rs))}" for k, rs in list(kinds.items())[:limit]]
+    return "; ".join(parts)
+
+
+def ended_words(kind: str, count: int) -> str:
+    """How a failure kind reads after 'rank 3' / 'ranks 0-2'."""
+    were = "were" if count > 1 else "was"
+    return {ERROR: "raised an error", PEER_LOST: "failed with a lost connection", TIMED_OUT: "timed out",
+            TERMINATED: f"{were} stopped by a signal", EXITED: "exited normally"}.get(kind, kind)
+
+
 def explain(rank: int, failures: list[Failure], own: list[Failure], silent: set[int]) -> str:
     """The detail line of a `crashed` root cause."""
     from ..textutil import ranges

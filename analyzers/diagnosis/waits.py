@@ -195,6 +195,9 @@ def _completed_by_a_member(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd
     op its peers finished (comm_stuck) and hid the rank that never entered the next one. Ops the
     recorder saw return (Python-issued) keep their state."""
     candidates = pending & (e["source"] == "c++") & (e["kind"] == "coll") & e["op"].isin(SYMMETRIC_OPS)
+    left_at = _left_at(ctx)
+    if left_at:  # a member left the job before this position: nobody can have completed it
+        candidates &= ~(e["seq"] > e["group"].astype(object).map(left_at).fillna(np.inf))
     if not candidates.any():
         return candidates
     done = e[(e["state"] == COMPLETED) & (e["kind"] == "coll")]
@@ -222,6 +225,25 @@ def _completed_by_a_member(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd
                          "running in PyTorch's recorder although another member had completed it: taken as completed "
                          "(that recorder marks completion late)")
     return late
+
+
+def _left_at(ctx: _Ctx) -> dict[str, int]:
+    """Group -> the last seq entered by a member that has since exited (the lowest such): no member can
+    complete a collective past it. PyTorch's gloo recorder counts a failed op as completed, so another
+    member's 'completed' there is no evidence."""
+    if not ctx.finished:
+        return {}
+    e = ctx.entries
+    mine = e.loc[e["rank"].isin(ctx.finished) & (e["kind"] == "coll"), ["rank", "group", "seq"]]
+    entered = {(int(r), str(g)): int(q) for (r, g), q in
+               mine.groupby(["rank", "group"], observed=True)["seq"].max().items()}  # its ring, else
+    for (rank, group), (counted, _) in ctx.progress.items():  # its counters, which see past a wrapped ring
+        if rank in ctx.finished:
+            entered[(rank, group)] = max(entered.get((rank, group), -1), int(counted))
+    out: dict[str, int] = {}
+    for (_, group), seq in entered.items():
+        out[group] = min(out.get(group, seq), seq)
+    return out
 
 
 def _blocking(ctx: _Ctx) -> dict[int, Wait]:

@@ -58,6 +58,7 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
     lines = [headline(report)]
     lines.append(_evidence_line(report))
     lines += _warnings(report)
+    lines += _failure_lines(report.get("failures") or [], verbose, report["ranks"]["missing"])
     lines += _stall_lines(report, verbose)
     causes = [cause_view(c, report) for c in report["root_causes"]]
     if causes:
@@ -156,7 +157,12 @@ def headline(report: dict[str, Any]) -> str:
     elif c["kind"] == MISSING_DUMP:
         what = f"{me} left no usable dump, and its peers wait for it in {_position(c)}"
     elif c["kind"] == EXITED:
-        what = f"{me} exited while its peers still wait for it in {_position(c)}"
+        gone = sorted({f["rank"] for f in report.get("failures") or [] if f["kind"] in ("peer_error", "timeout")}
+                      & set(c.get("victims") or []))
+        what = (f"{me} exited while its peers still ran {_position(c)}; {who(gone, 40)} then failed on the "
+                "lost connection" if gone else f"{me} exited while its peers still wait for it in {_position(c)}")
+        if gone:
+            return f"{verdict.upper()}: {what}" + (f" (and {plural(len(causes) - 1, 'more root cause')})" if len(causes) > 1 else "")
     elif c["kind"] == CRASHED:
         exc = _exception_text(c)
         what = f"{me} crashed" + (f" ({exc})" if exc else "")
@@ -185,6 +191,50 @@ def headline(report: dict[str, Any]) -> str:
         tail = f"; {plural(held, 'rank')} held up" if held else ""
     more = len(causes) - 1
     return f"{verdict.upper()}: {what}{tail}" + (f" (and {plural(more, 'more root cause')})" if more else "")
+
+
+SOURCE_PREFIX = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|c|h|hpp|py):\d+\]\s*")  # "[.../pair.cc:553] " of a C++ error
+
+
+def _failure_lines(failures: list[dict[str, Any]], verbose: bool, missing: list[int]) -> list[str]:
+    """Every rank that raised, lost its connection, timed out, was stopped or exited, in the order its
+    dump was written: one line per kind (ranks grouped, with the first one's error text), each rank on
+    its own line with -v; then the ranks that left no dump. Dump times are when the dump was written,
+    not when the op failed."""
+    from ..diagnosis.failures import ended_words
+
+    if not failures:
+        return []
+    gone = ([f"  {who(missing)} left no dump (killed, crashed without a word, or frozen)"] if missing else [])
+    times = [f["time_ns"] for f in failures if isinstance(f.get("time_ns"), int)]
+    first = min(times) if times else None
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for f in failures:
+        kinds.setdefault(f["kind"] if not verbose else f"{f['kind']}:{f['rank']}", []).append(f)
+    lines = ["", "failures (by when each rank's dump was written):"]
+    for fs in kinds.values():
+        kind = fs[0]["kind"]
+        when = sorted(f["time_ns"] for f in fs if isinstance(f.get("time_ns"), int))
+        at = ""
+        if when and first is not None:
+            lo, hi = (when[0] - first) / 1e9, (when[-1] - first) / 1e9
+            at = f" (+{lo:.2f} s)" if hi - lo < 0.005 else f" (+{lo:.2f} to +{hi:.2f} s)"
+        text = _error_words(fs[0]["text"]) if kind in ("error", "peer_error", "timeout") else ""
+        lines.append(f"  {who([f['rank'] for f in fs])} {ended_words(kind, len(fs))}{at}" + (f": {text}" if text else ""))
+    if first is not None:
+        import datetime
+
+        stamp = datetime.datetime.fromtimestamp(first / 1e9, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        lines[1] = f"failures (by when each rank's dump was written, +0 = {stamp} UTC):"
+    return lines + gone
+
+
+def _error_words(text: str, width: int = 110) -> str:
+    """An error message as a line: the C++ source location dropped, the first sentence kept."""
+    text = SOURCE_PREFIX.sub("", text.splitlines()[0] if text else "")
+    cut = text.find(". ", 20)
+    text = text[:cut + 1] if cut > 0 else text
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def cause_view(c: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:

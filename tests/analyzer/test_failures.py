@@ -130,3 +130,71 @@ def test_a_wait_chain_that_ends_at_an_unreadable_file_is_inconclusive(tmp_path: 
     report = analyzers.load(folder).report()
     assert report["verdict"] == "inconclusive", report["summary"]
     assert report["ranks"]["unreadable"] == [3] and "could not be read" in report["summary"]
+
+
+def _nan_skip(job: Job, last_state: dict[int, str]) -> None:
+    """DDP, rank 2 skipped one backward: it issued 12 C++ all-reduces, left (exit record) and closed its
+    connections; ranks 0, 1, 3 died in their 13th, which its recorder read from PyTorch's gloo recorder
+    (that retires a failed op as completed)."""
+    for _ in range(12):
+        job.collective("0", "all_reduce", source="c++", api="c++", site=None)
+    for rank in (0, 1, 3):
+        job.collective("0", "all_reduce", ranks=[rank], state=last_state[rank], source="c++", api="c++", site=None)
+    job.set(2, reason="exit", reason_detail="normal interpreter exit", exit_record=True, threads=[],
+            dump_time_ns=WALL_BASE_NS + int(1.3e9))  # written at exit, after its connections closed
+    for rank, at_s in ((1, 1.0), (3, 1.1), (0, 1.2)):
+        _died(job, rank, GLOO_CLOSED, at_s)
+
+
+def test_a_rank_that_left_while_the_others_failed_is_never_healthy(tmp_path: Path) -> None:
+    """The others' last op reads completed (as PyTorch's gloo recorder has it) and nobody waits: the
+    rank that left while they still ran their all-reduce is the root cause, never them."""
+    job = Job(4)
+    _nan_skip(job, {0: "started", 1: "completed", 3: "completed"})
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["verdict"] == "hang", report["summary"]
+    assert causes(report) == [(2, "exited")], report["root_causes"]
+    (cause,) = report["root_causes"]
+    assert cause["victims"] == [0, 1, 3] and cause["seq"] == 13 and cause["op"] == "all_reduce"
+    assert report["summary"].startswith("hang: rank 2 exited normally before all_reduce (group 0, seq 13)")
+    # rank 0's op is still running: ranks 1 and 3 'completed' it only as PyTorch's gloo recorder says (it
+    # counts a failed op), and rank 2 never entered it: nobody can have completed it
+    assert [w["rank"] for w in report["waits"]] == [0] and not any("rank 0's all_reduce" in g for g in report["gaps"])
+
+
+def test_the_failed_ops_wait_for_the_rank_that_left(tmp_path: Path) -> None:
+    """As the recorder writes it: the op the others died in is failed; they wait for the rank that left."""
+    job = Job(4)
+    _nan_skip(job, {0: "failed", 1: "failed", 3: "failed"})
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["verdict"] == "hang" and causes(report) == [(2, "exited")], report["root_causes"]
+    assert sorted(w["rank"] for w in report["waits"]) == [0, 1, 3]
+
+
+def test_failures_nothing_explains_are_inconclusive(tmp_path: Path) -> None:
+    """Every rank was stopped by a signal, or lost a connection, and nobody waits: never healthy."""
+    job = Job(4)
+    job.collective("0", "all_reduce")
+    for rank in range(4):
+        job.set(rank, reason="signal", reason_detail="SIGTERM", dump_time_ns=WALL_BASE_NS + int(1e9))
+    report = analyzers.load(job.write(tmp_path)).report()
+    assert report["verdict"] == "inconclusive", report["summary"]
+    assert "ranks 0-3 were stopped by a signal" in report["summary"]
+    job.set(1, reason="exception", reason_detail=f"uncaught in thread MainThread: {GLOO_CLOSED}")
+    report = analyzers.load(job.write(tmp_path / "lost")).report()
+    assert report["verdict"] == "inconclusive" and "rank 1 failed with a lost connection" in report["summary"]
+
+
+def test_every_failure_and_exit_is_on_the_first_screen(tmp_path: Path) -> None:
+    """The text report names how each rank ended, grouped by kind, before the root cause's detail."""
+    from analyzers.reporting.render import text_report
+
+    job = Job(4)
+    _nan_skip(job, {0: "failed", 1: "failed", 3: "failed"})
+    lines = text_report(analyzers.load(job.write(tmp_path)).report()).splitlines()
+    assert lines[0] == ("HANG: rank 2 exited while its peers still ran all_reduce #13 of group 0 (default_pg); "
+                        "ranks 0-1, 3 then failed on the lost connection")
+    first_screen = "\n".join(lines[:24])
+    assert "  rank 2 exited normally (+0.30 s)" in first_screen
+    assert ("  ranks 0-1, 3 failed with a lost connection (+0.00 to +0.20 s): RuntimeError: Connection closed by peer "
+            "[127.0.0.1]:63143.") in first_screen

@@ -455,3 +455,17 @@ def test_every_api_reader_reads_what_its_spec_says() -> None:
                 expected = tuple(spec.arg(args, kwargs, n) if n else None for n in names)
                 assert read(args, kwargs) == expected, (spec.api, count, kwargs)
     assert {"all_reduce", "send", "irecv", "broadcast", "all_to_all_single", "batch_isend_irecv"} <= set(checked)
+
+
+def test_backend_errors_are_told_from_the_jobs_own() -> None:
+    """Only an error a collective backend raised marks the C++-issued op in flight failed (fail_cpp_ops)."""
+    from flightrec.recorder import is_backend_error
+
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:52120. This is typically caused by a remote worker crashing.")
+    assert is_backend_error(RuntimeError(gloo))
+    assert is_backend_error(RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+                                         "waiting 1800000ms for recv operation to complete"))
+    assert is_backend_error(torch.distributed.DistBackendError("NCCL communicator was aborted on rank 1."))
+    assert not is_backend_error(ValueError("gradient check failed in RaiseInBackward.backward"))
+    assert not is_backend_error(RuntimeError("DataLoader worker (pid 123) exited unexpectedly"))

@@ -25,7 +25,7 @@ def test_scenario(name: str, tmp_path: Path) -> None:
     result = run_scenario(scenario, tmp_path / name)
     assert not result.timed_out, f"{name} did not produce its dumps in time:\n{result.output[-3000:]}"
     report = analyze(tmp_path / name)
-    problems = check(scenario, report, dumped_ranks(tmp_path / name)) + job_problems(scenario, result)
+    problems = check(scenario, report, dumped_ranks(tmp_path / name), tmp_path / name) + job_problems(scenario, result)
     assert not problems, f"{name}: {problems}\n{json.dumps(report, indent=1, default=str)[:4000]}"
     for pid in result.worker_pids:  # nothing of the job survives it (SIGKILL takes effect within moments)
         assert _gone(pid), f"worker {pid} of {name} outlived the job"
