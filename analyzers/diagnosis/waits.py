@@ -250,7 +250,7 @@ def _delivered(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd.Series:
     if ctx.p2p_progress:  # the receiver's own counters: its first `completed` receives from this rank are done
         done = [ctx.p2p_progress.get((int(p), str(g), "recv", int(r)), (0, 0))[1]
                 for r, g, p in zip(joined["rank"], joined["group"], joined["peer"], strict=True)]
-        received |= joined["seq"].to_numpy() <= np.asarray(done, dtype=np.int64)
+        received = received | (joined["seq"].to_numpy() <= np.asarray(done, dtype=np.int64))
     out = pd.Series(False, index=e.index)
     out.loc[joined["index"].to_numpy()[received]] = True
     if received.any():
