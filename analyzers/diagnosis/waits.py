@@ -6,7 +6,9 @@ another waits for both groups' missing members. A rank whose every incomplete op
 dump says no thread is inside an op is computing, not waiting. It waits in (group, seq) for every member that has not entered that position, that
 has no dump, that entered an incompatible op there, or that entered it but is itself blocked on an
 earlier op elsewhere (so waits chain across groups). For p2p, it waits for the peer that has not
-posted the matching op (the k-th send a->b pairs with the k-th recv b<-a).
+posted the matching op (the k-th send a->b pairs with the k-th recv b<-a). A send whose receive
+completed is delivered, whatever its sender recorded; an older async p2p op no thread is inside gives
+way to the later op a thread is inside (pipelines post several transfers and wait on them in turn).
 
 Two weaker kinds of evidence are used and labelled: a rank whose last op *failed* (e.g. timed out)
 is taken as having been blocked there, and on formats that cannot observe completion (PyTorch's gloo
