@@ -36,6 +36,8 @@ R_MISMATCH = "mismatch"
 R_BLOCKED = "blocked_elsewhere"
 R_EXITED = "exited"  # it entered the position (an async op) and then left the job cleanly
 
+NOTES_PER_KIND = 10  # delivered-send notes listed one by one; the rest are counted
+
 HOW_PENDING = "pending"
 HOW_FAILED = "failed"
 HOW_INFERRED = "inferred"
@@ -249,10 +251,12 @@ def _delivered(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd.Series:
     recvs = recvs.astype({"group": object}).rename(columns={"rank": "peer", "peer": "rank"}).assign(received=True)
     joined = mine.reset_index().merge(recvs.drop_duplicates(), on=["rank", "group", "peer", "seq"], how="left")
     received = joined["received"].fillna(False).to_numpy(dtype=bool)
-    if ctx.p2p_progress:  # the receiver's own counters: its first `completed` receives from this rank are done
-        done = [ctx.p2p_progress.get((int(p), str(g), "recv", int(r)), (0, 0))[1]
-                for r, g, p in zip(joined["rank"], joined["group"], joined["peer"], strict=True)]
-        received = received | (joined["seq"].to_numpy() <= np.asarray(done, dtype=np.int64))
+    counted = [(receiver, g, sender, done) for (receiver, g, op, sender), (_, done) in ctx.p2p_progress.items()
+               if op == "recv" and done > 0]
+    if counted:  # the receiver's own counters: its first `completed` receives from this rank are done
+        table = pd.DataFrame(counted, columns=["peer", "group", "rank", "done"]).astype({"group": object})
+        done = joined[["rank", "group", "peer"]].merge(table, on=["rank", "group", "peer"], how="left")["done"]
+        received = received | (joined["seq"].to_numpy() <= done.fillna(0).to_numpy())
     out = pd.Series(False, index=e.index)
     out.loc[joined["index"].to_numpy()[received]] = True
     if received.any():
@@ -263,11 +267,14 @@ def _delivered(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd.Series:
 def _note_delivered(rows: pd.DataFrame, ctx: _Ctx) -> None:
     """One note per (rank, group, receiver) whose open sends were taken as delivered."""
     spans = rows.groupby(["rank", "group", "peer"])["seq"].agg(["min", "max", "size"])
-    for (rank, group, peer), (low, high, n) in spans.iterrows():
+    for (rank, group, peer), (low, high, n) in spans.head(NOTES_PER_KIND).iterrows():
         which = f"p2p seq {low}" if low == high else f"p2p seqs {low}-{high}"
         ctx.notes.append(f"rank {rank}'s send{'s' if n > 1 else ''} to rank {peer} (group {group}, {which}) still "
                          f"open in its recorder {'were' if n > 1 else 'was'} completed by the receiver: taken as "
                          "delivered (a send's Work can complete only when its rank waits on it, or with its batch)")
+    if len(spans) > NOTES_PER_KIND:
+        ctx.notes.append(f"... and {len(spans) - NOTES_PER_KIND} more (sender, receiver) pairs whose open sends were "
+                         "completed by their receivers: taken as delivered")
 
 
 def _blocking(ctx: _Ctx) -> dict[int, Wait]:

@@ -5,6 +5,7 @@ taken up (fixtures/builders.py: pipeline_*)."""
 from __future__ import annotations
 
 import analyzers
+from fixtures import builders
 
 
 def _causes(report: dict) -> list[tuple[int, str]]:
@@ -36,3 +37,23 @@ def test_batches_are_judged_as_units(scenario):
     waits = _waits(report)
     assert waits[1][2] == [0] and waits[2][2] == [1]
     assert "comm_stuck" not in {c["kind"] for c in report["root_causes"]}
+
+
+def test_receivers_counters_tell_delivery_when_its_ring_lost_the_receive(tmp_path):
+    """The receiver's ring wrapped past its completed receive: its `progress` counter still says it."""
+    job = builders.Job(3)
+    builders._warmup(job, 1)
+    job.send("0", 0, 1)
+    job.recv("0", 1, 0)
+    job.send("0", 1, 2, state="started", api="isend", is_async=True)
+    job.recv("0", 2, 1)
+    job.recv("0", 1, 0, state="started", api="irecv", is_async=True)
+    job.recv("0", 2, 1, state="started", api="irecv", is_async=True)
+    job.stack(0, builders.STAGE_STALL)
+    job.ring(2, 1)  # only its open receive is left
+    job.set(2, progress=[{"group": "0", "kind": "coll", "entered": 1, "started": 1, "completed": 1},
+                         {"group": "0", "kind": "p2p", "op": "recv", "peer": 1, "entered": 2, "started": 2,
+                          "completed": 1}])
+    report = analyzers.load(str(job.write(tmp_path / "job"))).report()
+    assert _causes(report) == [(0, "not_entered")]
+    assert _waits(report)[1] == ("recv", 2, [0])
