@@ -237,9 +237,9 @@ def _delivered(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd.Series:
     sends late (torch.distributed.pipelining's at the end of a step). Read as pending, it made a stage
     that went on to block in its next receive look stuck in a transfer its peer had finished
     (comm_stuck), and hid the stage it really waits for. The converse does not hold: a completed send
-    says the bytes left (gloo completes one once written to its socket), not that a receive took them,
-    so a pending receive stays pending. The receiver's completion is read from its entry, or from its
-    `progress` counters where its ring no longer holds the entry.
+    says its bytes left the sender (a small NCCL send completes once they sit in the receiver's buffer),
+    not that a receive took them, so a pending receive stays pending. The receiver's completion is read
+    from its entry, or from its `progress` counters where its ring no longer holds the entry.
     """
     sends = pending & (e["kind"] == "p2p") & (e["op"] == "send") & (e["peer"] >= 0) & (e["seq"] > 0)
     if not sends.any():
