@@ -6,7 +6,9 @@ another waits for both groups' missing members. A rank whose every incomplete op
 dump says no thread is inside an op is computing, not waiting. It waits in (group, seq) for every member that has not entered that position, that
 has no dump, that entered an incompatible op there, or that entered it but is itself blocked on an
 earlier op elsewhere (so waits chain across groups). For p2p, it waits for the peer that has not
-posted the matching op (the k-th send a->b pairs with the k-th recv b<-a).
+posted the matching op (the k-th send a->b pairs with the k-th recv b<-a). A send whose receive
+completed is delivered, whatever its sender recorded; an older async p2p op no thread is inside gives
+way to the later op a thread is inside (pipelines post several transfers and wait on them in turn).
 
 Two weaker kinds of evidence are used and labelled: a rank whose last op *failed* (e.g. timed out)
 is taken as having been blocked there, and on formats that cannot observe completion (PyTorch's gloo
@@ -33,6 +35,8 @@ R_STALE = "stale"  # its dump is much older than its peers' (analyzers/reading/j
 R_MISMATCH = "mismatch"
 R_BLOCKED = "blocked_elsewhere"
 R_EXITED = "exited"  # it entered the position (an async op) and then left the job cleanly
+
+NOTES_PER_KIND = 10  # delivered-send notes listed one by one; the rest are counted
 
 HOW_PENDING = "pending"
 HOW_FAILED = "failed"
@@ -246,10 +250,60 @@ def _left_at(ctx: _Ctx) -> dict[str, int]:
     return out
 
 
+def _delivered(e: pd.DataFrame, pending: pd.Series, ctx: _Ctx) -> pd.Series:
+    """Pending sends whose receiver completed the matching receive (the k-th send a->b is the k-th
+    receive b<-a): delivered, the transfer is over.
+
+    Why: a send's Work can stay open after its bytes arrived: gloo's reads as running until its own
+    rank waits on it, a coalesced batch's Works complete together, and pipeline schedules wait on their
+    sends late (torch.distributed.pipelining's at the end of a step). Read as pending, it made a stage
+    that went on to block in its next receive look stuck in a transfer its peer had finished
+    (comm_stuck), and hid the stage it really waits for. The converse does not hold: a completed send
+    says its bytes left the sender (a small NCCL send completes once they sit in the receiver's buffer),
+    not that a receive took them, so a pending receive stays pending. The receiver's completion is read
+    from its entry, or from its `progress` counters where its ring no longer holds the entry.
+    """
+    sends = pending & (e["kind"] == "p2p") & (e["op"] == "send") & (e["peer"] >= 0) & (e["seq"] > 0)
+    if not sends.any():
+        return sends
+    mine = e.loc[sends, ["rank", "group", "peer", "seq"]].astype({"group": object})
+    recvs = e.loc[(e["kind"] == "p2p") & (e["op"] == "recv") & (e["state"] == COMPLETED)
+                  & e["rank"].isin(mine["peer"].unique()) & e["seq"].isin(mine["seq"].unique()),
+                  ["rank", "group", "peer", "seq"]]
+    recvs = recvs.astype({"group": object}).rename(columns={"rank": "peer", "peer": "rank"}).assign(received=True)
+    joined = mine.reset_index().merge(recvs.drop_duplicates(), on=["rank", "group", "peer", "seq"], how="left")
+    received = joined["received"].fillna(False).to_numpy(dtype=bool)
+    counted = [(receiver, g, sender, done) for (receiver, g, op, sender), (_, done) in ctx.p2p_progress.items()
+               if op == "recv" and done > 0]
+    if counted:  # the receiver's own counters: its first `completed` receives from this rank are done
+        table = pd.DataFrame(counted, columns=["peer", "group", "rank", "done"]).astype({"group": object})
+        done = joined[["rank", "group", "peer"]].merge(table, on=["rank", "group", "peer"], how="left")["done"]
+        received = received | (joined["seq"].to_numpy() <= done.fillna(0).to_numpy())
+    out = pd.Series(False, index=e.index)
+    out.loc[joined["index"].to_numpy()[received]] = True
+    if received.any():
+        _note_delivered(joined[received], ctx)
+    return out
+
+
+def _note_delivered(rows: pd.DataFrame, ctx: _Ctx) -> None:
+    """One note per (rank, group, receiver) whose open sends were taken as delivered."""
+    spans = rows.groupby(["rank", "group", "peer"])["seq"].agg(["min", "max", "size"])
+    for (rank, group, peer), (low, high, n) in spans.head(NOTES_PER_KIND).iterrows():
+        which = f"p2p seq {low}" if low == high else f"p2p seqs {low}-{high}"
+        ctx.notes.append(f"rank {rank}'s send{'s' if n > 1 else ''} to rank {peer} (group {group}, {which}) still "
+                         f"open in its recorder {'were' if n > 1 else 'was'} completed by the receiver: taken as "
+                         "delivered (a send's Work can complete only when its rank waits on it, or with its batch)")
+    if len(spans) > NOTES_PER_KIND:
+        ctx.notes.append(f"... and {len(spans) - NOTES_PER_KIND} more (sender, receiver) pairs whose open sends were "
+                         "completed by their receivers: taken as delivered")
+
+
 def _blocking(ctx: _Ctx) -> dict[int, Wait]:
     e = ctx.entries[_COLS]
     pending = e["state"].isin(PENDING_STATES)
     pending &= ~_completed_by_a_member(e, pending, ctx)
+    pending &= ~_delivered(e, pending, ctx)
     unknown = e["state"] == UNKNOWN
     if unknown.any():  # a C++ op of unknown state blocks only as the rank's last op, per pg_status
         last = e["id"] == e.groupby("rank")["id"].transform("max")
@@ -257,7 +311,7 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
     chosen: list[pd.DataFrame] = []
     p = e[pending]
     if not p.empty:
-        firsts = p.loc[p.groupby(["rank", "group"], observed=True)["id"].idxmin()]
+        firsts = _held_instead(p, p.loc[p.groupby(["rank", "group"], observed=True)["id"].idxmin()], ctx.dumps)
         units = firsts.loc[firsts["unit"] >= 0, ["rank", "unit"]]
         in_unit = p.merge(units, on=["rank", "unit"]) if not units.empty else p.iloc[0:0]
         chosen.append(pd.concat([firsts[firsts["unit"] < 0], in_unit]).assign(how=HOW_PENDING))
@@ -304,6 +358,41 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
             async_only=bool(row.is_async) and str(row.how) == HOW_PENDING,
         )
     return waits
+
+
+def _held_instead(p: pd.DataFrame, firsts: pd.DataFrame, dumps: dict[int, RankDump]) -> pd.DataFrame:
+    """Each (rank, group)'s blocking op: its oldest pending one, except where that is an async
+    point-to-point op no thread of the rank is inside while a thread is inside a later pending op of the
+    group (`threads[].in_op`): that op, where the rank is blocked.
+
+    Why: p2p ops with different peers complete independently, and a pipeline posts several at once and
+    waits on them one by one (or late, as torch.distributed.pipelining waits on its sends). A send
+    posted earlier whose receiver has posted its receive and is not done with it (it computes) is not
+    where the rank waits; naming it made the rank look stuck in a transfer (comm_stuck) while its
+    thread waited for a receive its peer never sent. An older async collective still bounds the group
+    (a group's collectives complete in order), so it stays.
+    """
+    held = [(rank, t["in_op"]) for rank, d in dumps.items() for t in d.threads
+            if isinstance(t, dict) and isinstance(t.get("in_op"), int) and t["in_op"] >= 0]
+    if not held:
+        return firsts
+    is_held = pd.MultiIndex.from_tuples(held, names=["rank", "id"])
+    inside = p[pd.MultiIndex.from_frame(p[["rank", "id"]]).isin(is_held)]
+    if inside.empty:
+        return firsts
+    inside = inside.loc[inside.groupby(["rank", "group"], observed=True)["id"].idxmin()]
+    free = (firsts["is_async"].fillna(False).astype(bool) & (firsts["kind"] == "p2p")).to_numpy() & \
+        ~pd.MultiIndex.from_frame(firsts[["rank", "id"]]).isin(is_held)
+    swap = free & _pairs(firsts).isin(_pairs(inside))
+    if not swap.any():
+        return firsts
+    instead = inside[_pairs(inside).isin(_pairs(firsts[swap]))]
+    return pd.concat([firsts[~swap], instead]).sort_values(["rank", "id"])
+
+
+def _pairs(frame: pd.DataFrame) -> pd.MultiIndex:
+    """The rows' (rank, group) keys, comparable across frames (a categorical group as its name)."""
+    return pd.MultiIndex.from_arrays([frame["rank"], frame["group"].astype(object)])
 
 
 def _computing(dump: RankDump) -> bool:
