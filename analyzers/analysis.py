@@ -48,6 +48,7 @@ from .reading.loader import Dataset, Folders, Progress, load_folder
 from .reading.rankdump import RankDump
 from .reading.sample import SAMPLE_PER_CHANNEL
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
+from .timing.shifts import timing_shifts
 from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
 
 SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
@@ -159,7 +160,10 @@ class Analysis:
         """Per (group, op, call site), the ranks that issued a different number of collectives than their
         peers (diagnosis/divergence.py): where a stream went another way, not only where it broke."""
         current = self._current_entries
-        return find_divergence(current, exited_ranks(self.dumps), self._matched.shifts)
+        result = find_divergence(current, exited_ranks(self.dumps), self._matched.shifts)
+        if result.items:  # where timing can tell, when each one's arrivals moved (timing/shifts.py)
+            timing_shifts(result.items, self.slow.lateness, current)
+        return result
 
     @cached_property
     def _waits(self) -> WaitResult:

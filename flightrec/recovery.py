@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .entry import Entry, format_site
+from .settings import DEFAULT_TIMEOUT_S
 
 KEPT = 16  # records kept per process: the latest ones
 _POSITION = re.compile(r"\bgroup=(\S+) seq=(-?\d+)")
@@ -92,18 +93,20 @@ def record(stall: Stall, done: Entry, hang_dump_wall_ns: int | None) -> dict[str
     }
 
 
-def line(item: dict[str, Any], folder: str) -> str:
-    """The one log line of a recovery."""
+def line(item: dict[str, Any], folder: str, timeout_from: str = "FLIGHTREC_TIMEOUT") -> str:
+    """The one log line of a recovery; `timeout_from` is `settings.timeout_from` (who set the limit)."""
+    source = {"FLIGHTREC_TIMEOUT": "FLIGHTREC_TIMEOUT", "enable()": "flightrec.enable(timeout_s)"}.get(timeout_from) or (
+        "flightrec's default" if item["timeout_s"] == DEFAULT_TIMEOUT_S else "flightrec's limit, from the group's timeout")
     where = f" at {item['site']}" if item.get("site") else ""
     op = f"{item['op']} #{item['seq']} (group {item['group']}){where}"
     waited, timeout = item.get("waited_s"), f"{item['timeout_s']:g} s"
     if item["timed_out"]:
         head = (f"recovered after {waited:.1f} s in {op}" if waited is not None else f"recovered: {op} completed"
-                ) + f": it outlived the {timeout} timeout (FLIGHTREC_TIMEOUT)"
+                ) + f": it outlived the {timeout} timeout ({source})"
     else:
         done, dumped = item.get("completed_wall_ns"), item.get("hang_dump_ns")
         after = f" {(done - dumped) / 1e9:.1f} s after the hang dump" if done and dumped and done > dumped else ""
-        head = (f"recovered: {op}, where the peers waited past the {timeout} timeout (FLIGHTREC_TIMEOUT), "
+        head = (f"recovered: {op}, where the peers waited past the {timeout} timeout ({source}), "
                 f"completed here{after}")
     return (f"{head}; the hang reported above was a false alarm and the job goes on; the dump in {folder} "
             "records the stall as recovered")

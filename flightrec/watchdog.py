@@ -319,7 +319,7 @@ class Watchdog:
             item = self._settle()
         if item is None:
             return False
-        log.warn(recovery.line(item, self.hang.folder))
+        log.warn(recovery.line(item, self.hang.folder, self.settings.timeout_from))
         self.hang.recovered()
         if dump:
             self._dump("recovered", f"{item['op']} group={item['group']} seq={item['seq']} completed after the hang dump")

@@ -18,8 +18,8 @@ an artefact:
 
 `first_shift`: the first seq where the rank's (op, call site) differs from its peers' and from which on
 its ops line up with theirs one position later (it skipped one) or earlier (it issued one extra),
-checked over the rest of the overlap. Reported only when that alignment holds everywhere; timing is
-not used (a skipped step's compute is often within the noise of a step's).
+checked over the rest of the overlap. Reported only when that alignment holds everywhere. Timing is a
+separate piece of evidence (`timing_shift`, timing/shifts.py), added where it can tell.
 """
 
 from __future__ import annotations
@@ -318,9 +318,21 @@ def line(item: dict[str, Any], short: bool = False) -> str:
             f" ({'ranks' if len(peers) > 1 else 'rank'} {ranges(peers)}) issued {item['peers_issued']} "
             f"(group {item['group']}, counted from seq {item['from_seq']})")
     shift = item.get("first_shift")
-    if not shift:
-        return text
-    later = "one position later: it skipped one op" if shift["offset"] == 1 else "one position earlier: it issued one extra op"
-    return (f"{text}; its stream shifted at seq {shift['seq']}: {shift['op']} {where(shift['site'], short)} where its "
-            f"peers issued {shift['peers_op']} {where(shift['peers_site'], short)}, and from there its ops line up "
-            f"with theirs {later}")
+    if shift:
+        later = "one position later: it skipped one op" if shift["offset"] == 1 else "one position earlier: it issued one extra op"
+        text += (f"; its stream shifted at seq {shift['seq']}: {shift['op']} {where(shift['site'], short)} where its "
+                 f"peers issued {shift['peers_op']} {where(shift['peers_site'], short)}, and from there its ops line up "
+                 f"with theirs {later}")
+    timed = item.get("timing_shift")
+    if timed:
+        text += "; " + timing_line(timed, where(timed.get("site") or CPP_SITE, short))
+    return text
+
+
+def timing_line(shift: dict[str, Any], where: str) -> str:
+    """'its timing shifted at seq 6 (all_reduce at train.py:12): from there 6 of 6 collectives departed
+    from its usual arrival against its peers' (-0.2 ms) by 19.9 ms (median)' (`timing_shift`, timing/shifts.py)."""
+    op = f" ({shift['op']} {where})" if shift.get("op") else ""
+    return (f"its timing shifted at seq {shift['seq']}{op}: from there {shift['departed']} of {shift['of']} collectives "
+            f"departed from its usual arrival against its peers' ({shift['before_ms']:+.1f} ms) by "
+            f"{shift['departure_ms']:.1f} ms (median)")

@@ -14,7 +14,7 @@ import networkx as nx
 import pandas as pd
 
 from .. import stackview
-from ..constants import COMM_STUCK, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from ..constants import COMM_STUCK, CPP_SITE, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
 from ..diagnosis.divergence import line as divergence_line
 from ..diagnosis.stalls import short_site
 from ..textutil import channel_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
@@ -322,7 +322,9 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
         kind = "traceback of its error" if c["kind"] == CRASHED else "main thread's stack"
         out.append(f"  {kind} (most recent call last):")
         out += stackview.traceback_lines(stack, source, indent="    ")
-    elif c["kind"] in (NOT_ENTERED, MISSING_DUMP, EXITED):
+    elif c["kind"] == EXITED:
+        out.append("  (it exited: its exit record holds no thread stacks; its last op above is where it left)")
+    elif c["kind"] in (NOT_ENTERED, MISSING_DUMP):
         out.append("  (no thread stacks in its dump: where it is stuck is unknown)")
     return out
 
@@ -542,7 +544,8 @@ def _waiting_lines(report: dict[str, Any], graph: nx.DiGraph | None, verbose: bo
     for (group, seq, op, awaited, where), waiters in ordered[:limit]:
         peer = awaited[0] if op in P2P_OPS and len(awaited) == 1 else None
         position = _position({"group": group, "seq": seq, "op": op, "group_desc": desc.get(group, ""), "peer": peer})
-        out.append(f"  {who(waiters, 40)} -> {who(awaited, 24)} in {position}" + (f", at {where}" if where else ""))
+        at = where if where == CPP_SITE else f"at {where}"  # "issued from C++ (...)" reads without "at"
+        out.append(f"  {who(waiters, 40)} -> {who(awaited, 24)} in {position}" + (f", {at}" if where else ""))
     if len(ordered) > limit:
         rest = sorted({r for _, rs in ordered[limit:] for r in rs})
         out.append(f"  ... {plural(len(rest), 'more rank')} wait in {plural(len(ordered) - limit, 'more position')}, "

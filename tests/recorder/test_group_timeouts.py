@@ -10,6 +10,7 @@ is not exercised here (benchmarks/gpu_check.py, on a GPU).
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -139,6 +140,13 @@ def test_torch_fr_summary_keeps_the_newest_entries_in_hang_dumps(monkeypatch: py
 # ---------------------------------------------------------------- real gloo jobs
 
 
+def _hang_dump(folder: Path, rank: int) -> dict:
+    path = folder / f"hang-rank-{rank:05d}.json.gz"
+    assert path.exists(), f"rank 1 found no hang dump of rank {rank} to keep before it joined"
+    with gzip.open(path, "rt") as handle:
+        return json.load(handle)
+
+
 def _results(folder: Path) -> list[dict]:
     return [json.loads((folder / f"result-{rank}.json").read_text()) for rank in range(2)]
 
@@ -172,7 +180,7 @@ def test_simulated_nccl_group_dumps_under_its_timeout(tmp_path: Path) -> None:
         assert result["limits"] == {"world": 300, "group": 4}, result
         assert result["timeouts"] == {"world": 1800, "group": 8}
         assert "limit 4s" in result["notes"]["group"] and result["notes"]["world"] == ""
-    waiter = load_dump(tmp_path, 0)
+    waiter = _hang_dump(tmp_path, 0)  # kept by rank 1 before it joined (the recovery rewrites rank-00000)
     assert waiter["reason"] == "timeout", waiter["reason"]
     group = results[0]["names"]["group"]
     assert f"group={group}" in waiter["reason_detail"] and "limit 4s" in waiter["reason_detail"]
@@ -183,7 +191,14 @@ def test_simulated_nccl_group_dumps_under_its_timeout(tmp_path: Path) -> None:
     assert pending and pending[-1]["state"] == "started"
     assert waiter["settings"]["timeout_s"] == 300 and waiter["settings"]["timeout_from"] == "default"
     assert {g["name"]: g["timeout_s"] for g in waiter["groups"]}[group] == 8
-    assert load_dump(tmp_path, 1)["reason"] == "peer_request"  # asked by rank 0 while it slept
+    assert _hang_dump(tmp_path, 1)["reason"] == "peer_request"  # asked by rank 0 while it slept
+    for rank in (0, 1):  # the op completed after all: each final dump says so, and keeps the hang dump's time
+        final = load_dump(tmp_path, rank)
+        stall = [r for r in final.get("recovered", []) if r["group"] == group and r["op"] == "all_reduce"]
+        assert final["reason"] == "exit" and len(stall) == 1, (final["reason"], final.get("recovered"))
+        assert stall[0]["timed_out"] is (rank == 0)
+        assert stall[0]["hang_reason"] == ("timeout", "peer_request")[rank]
+        assert abs(stall[0]["hang_dump_ns"] - _hang_dump(tmp_path, rank)["dump_time_ns"]) < 1e9
     fr = waiter["torch_fr"]
     if torch_fr.enabled():  # PyTorch's recorder (on by default where it exists)
         assert fr["dump_on_timeout"] is True and fr["dump_prefix"] == str(tmp_path / "torch_trace_rank_")

@@ -43,3 +43,13 @@ def test_the_holder_recovers_when_the_position_completes_here() -> None:
     assert done is mine and not recovery.record(stall, mine, None)["timed_out"]
     anywhere = recovery.watch(None, "", -1, 5.0, "peer_request", "...", 8)  # not a member of the stalled group
     assert recovery.settled(anywhere, lambda: [earlier, other_group])[0] is other_group
+
+
+def test_recovery_line_names_who_set_the_timeout() -> None:
+    item = {"op": "barrier", "seq": 11, "group": "0", "site": "train.py:88 in main", "waited_s": 9.0,
+            "timeout_s": 5.0, "timed_out": True}
+    assert "recovered after 9.0 s in barrier #11 (group 0) at train.py:88" in recovery.line(item, "d")
+    assert "the 5 s timeout (FLIGHTREC_TIMEOUT)" in recovery.line(item, "d", "FLIGHTREC_TIMEOUT")
+    assert "(flightrec.enable(timeout_s))" in recovery.line(item, "d", "enable()")
+    assert "(flightrec's limit, from the group's timeout)" in recovery.line(item, "d", "default")
+    assert "FLIGHTREC_TIMEOUT" not in recovery.line(dict(item, timeout_s=300.0), "d", "default")

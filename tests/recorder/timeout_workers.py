@@ -8,6 +8,7 @@ inside the ranks; the groups, their timeouts and the watchdog are all real.
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
 import os
 import time
@@ -109,14 +110,34 @@ def derived_limit(rank: int, world_size: int, port: int, out: str) -> None:
     _limits_settled()
     result = _state(names)
     dist.barrier()
-    if rank == 1:
-        time.sleep(6.0)
+    start = time.monotonic()
+    if rank == 1:  # keep both hang dumps before joining: the recovery replaces them (reason `recovered`, then `exit`)
+        _keep_dump(out, 0, "timeout", start + 6.5)
+        _keep_dump(out, 1, "peer_request", start + 6.5)
+        time.sleep(max(0.0, start + 6.0 - time.monotonic()))
     result["t_call_ns"] = time.time_ns()
     dist.all_reduce(torch.ones(3), group=group)
     result["t_return_ns"] = time.time_ns()
     _write(out, rank, result)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _keep_dump(out: str, rank: int, reason: str, until: float) -> None:
+    """Copy rank `rank`'s dump to hang-rank-NNNNN.json.gz once it reads `reason` (dumps are renamed into
+    place whole), or give up at monotonic time `until`."""
+    path = os.path.join(out, f"rank-{rank:05d}.json.gz")
+    while time.monotonic() < until:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+            if json.loads(gzip.decompress(data))["reason"] == reason:
+                with open(os.path.join(out, f"hang-rank-{rank:05d}.json.gz"), "wb") as handle:
+                    handle.write(data)
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
 
 
 def explicit_setting(rank: int, world_size: int, port: int, out: str, simulated: bool) -> None:
