@@ -41,15 +41,7 @@ def test_batches_are_judged_as_units(scenario):
 
 def test_receivers_counters_tell_delivery_when_its_ring_lost_the_receive(tmp_path):
     """The receiver's ring wrapped past its completed receive: its `progress` counter still says it."""
-    job = builders.Job(3)
-    builders._warmup(job, 1)
-    job.send("0", 0, 1)
-    job.recv("0", 1, 0)
-    job.send("0", 1, 2, state="started", api="isend", is_async=True)
-    job.recv("0", 2, 1)
-    job.recv("0", 1, 0, state="started", api="irecv", is_async=True)
-    job.recv("0", 2, 1, state="started", api="irecv", is_async=True)
-    job.stack(0, builders.STAGE_STALL)
+    job = builders.pipeline_send_delivered_job()
     job.ring(2, 1)  # only its open receive is left
     job.set(2, progress=[{"group": "0", "kind": "coll", "entered": 1, "started": 1, "completed": 1},
                          {"group": "0", "kind": "p2p", "op": "recv", "peer": 1, "entered": 2, "started": 2,
