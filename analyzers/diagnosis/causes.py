@@ -34,7 +34,7 @@ from ..reading.rankdump import RankDump, SideFile
 from ..textutil import plural, ranges
 from . import failures as fail
 from .matching import MatchResult
-from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, _progress
+from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, entered_seqs, progress_counters
 
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
 CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, CRASHED, EXITED, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
@@ -187,10 +187,16 @@ def find_causes(
                                             and (c.seq or 0) > shift.last)]
     _mismatch_sites(causes, entries)
 
-    causes = _order_failures(causes, failures or [], dumps, absent, entries, desc, members)
+    groups: dict[str, tuple[int, ...]] = {}
+    entered: dict[tuple[int, str], int] = {}
+    left_behind: dict[int, list[int]] = {}
+    if failures:  # who left while others still ran: read once, for the causes and their victims
+        groups = {str(g): tuple(int(r) for r in ranks) for g, ranks in members.items()}
+        entered = entered_seqs(entries, progress_counters(dumps)[0])
+        left_behind = fail.deserters(failures, entered, groups)
+    causes = _order_failures(causes, failures or [], dumps, absent, entries, desc, groups, entered, left_behind)
     cause_ranks = {r for c in causes for r in (c.ranks or [c.rank])}
     fallen = {f.rank for f in failures or [] if f.kind != fail.EXITED}
-    left_behind = fail.deserters(failures or [], _entered(dumps, entries), members) if failures else {}
     for c in causes:
         anc: set[int] = set()
         for r in c.ranks or [c.rank]:
@@ -206,28 +212,17 @@ def find_causes(
     return CauseResult(causes=causes, cycles=sccs, notes=notes)
 
 
-def _entered(dumps: dict[int, RankDump], entries: pd.DataFrame) -> dict[tuple[int, str], int]:
-    """(rank, group) -> the last collective seq the rank entered: its progress counters, else its ring."""
-    out: dict[tuple[int, str], int] = {}
-    coll = entries.loc[entries["kind"] == "coll", ["rank", "group", "seq"]]
-    if len(coll):
-        top = coll.groupby(["rank", "group"], observed=True)["seq"].max()
-        out = {(int(r), str(g)): int(q) for (r, g), q in top.items()}
-    for (rank, group), (entered, _) in _progress(dumps)[0].items():
-        out[(rank, group)] = max(out.get((rank, group), -1), int(entered))
-    return out
-
-
 def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int, RankDump],
                     absent: dict[int, str], entries: pd.DataFrame, desc: dict[str, str],
-                    members: dict[str, Any] | None = None) -> list[Cause]:
+                    groups: dict[str, tuple[int, ...]], entered: dict[tuple[int, str], int],
+                    left_behind: dict[int, list[int]]) -> list[Cause]:
     """Put the ranks' failures in time order: the first own error (or, when peers only lost their
     connections, the ranks that left no dump) is `crashed`; a rank that exited cleanly is `exited`,
     also when nobody waits for it any more but peers that went on without it failed (`fail.deserters`);
     a rank whose only failure is a lost connection is a consequence, never a root cause."""
     if not failures:
         return causes
-    causes = _deserted(causes, failures, dumps, absent, entries, desc, members or {})
+    causes = _deserted(causes, failures, absent, entries, desc, groups, entered, left_behind)
     own, silent = fail.crash_roots(failures, set(absent))
     if any(c.kind == MISMATCH for c in causes):
         own = []  # a collective that failed on mismatched sizes or types: the desync explains the error
@@ -258,8 +253,9 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
     return kept
 
 
-def _deserted(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int, RankDump], absent: dict[int, str],
-              entries: pd.DataFrame, desc: dict[str, str], members: dict[str, Any]) -> list[Cause]:
+def _deserted(causes: list[Cause], failures: list[fail.Failure], absent: dict[int, str], entries: pd.DataFrame,
+              desc: dict[str, str], groups: dict[str, tuple[int, ...]], entered: dict[tuple[int, str], int],
+              left_behind: dict[int, list[int]]) -> list[Cause]:
     """An `exited` cause for each rank that left while others still ran and failed without it, when no
     wait names it already (the others' last op may read completed: PyTorch's gloo recorder retires a
     failed op as completed) and no rank's own error or silent death explains the failures."""
@@ -267,9 +263,7 @@ def _deserted(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int
     if own or silent:
         return causes
     named = {c.rank for c in causes}
-    groups = {str(g): tuple(int(r) for r in ranks) for g, ranks in members.items()}
-    entered = _entered(dumps, entries)
-    for rank, behind in sorted(fail.deserters(failures, entered, groups).items()):
+    for rank, behind in sorted(left_behind.items()):
         if rank in named:
             continue
         last = _last_op(entries, rank)

@@ -128,7 +128,7 @@ def find_waits(
     wrapped = {r for r, d in dumps.items() if d.dropped > 0 or (d.meta.get("first_id") or 0) > 0}
     culprit_set = {(str(g), int(s), int(r)) for g, s, r in culprits[["group", "seq", "rank"]].itertuples(index=False)}
     known = set(members) if known_groups is None else known_groups
-    ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known, *_progress(dumps),
+    ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known, *progress_counters(dumps),
                finished or set())
     waits = {r: w for r, w in _blocking(ctx).items() if r not in ctx.finished}  # exited: waits for nobody
     for rank in [r for r, w in waits.items() if w.how == HOW_PENDING and w.async_only and _computing(dumps[r])]:
@@ -154,7 +154,7 @@ def find_waits(
     return WaitResult(waits=waits, notes=ctx.notes)
 
 
-def _progress(dumps: dict[int, RankDump]) -> tuple[dict[tuple[int, str], tuple[int, int]],
+def progress_counters(dumps: dict[int, RankDump]) -> tuple[dict[tuple[int, str], tuple[int, int]],
                                                      dict[tuple[int, str, str, int], tuple[int, int]]]:
     """Each rank's counters (entered, completed) per group, and per (group, op, peer) of its p2p ops:
     flightrec's `progress` rows, else PyTorch's `pg_status` (collectives) where it is keyed by a group
@@ -237,16 +237,23 @@ def _left_at(ctx: _Ctx) -> dict[str, int]:
     member's 'completed' there is no evidence."""
     if not ctx.finished:
         return {}
-    e = ctx.entries
-    mine = e.loc[e["rank"].isin(ctx.finished) & (e["kind"] == "coll"), ["rank", "group", "seq"]]
-    entered = {(int(r), str(g)): int(q) for (r, g), q in
-               mine.groupby(["rank", "group"], observed=True)["seq"].max().items()}  # its ring, else
-    for (rank, group), (counted, _) in ctx.progress.items():  # its counters, which see past a wrapped ring
-        if rank in ctx.finished:
-            entered[(rank, group)] = max(entered.get((rank, group), -1), int(counted))
     out: dict[str, int] = {}
-    for (_, group), seq in entered.items():
+    for (_, group), seq in entered_seqs(ctx.entries, ctx.progress, ctx.finished).items():
         out[group] = min(out.get(group, seq), seq)
+    return out
+
+
+def entered_seqs(entries: pd.DataFrame, progress: dict[tuple[int, str], tuple[int, int]],
+                 ranks: set[int] | None = None) -> dict[tuple[int, str], int]:
+    """(rank, group) -> the last collective seq the rank entered: the larger of its ring's newest and its
+    `progress` counter (`progress_counters`), which sees past a wrapped ring. `ranks`: only these."""
+    coll = entries.loc[(entries["kind"] == "coll").to_numpy(), ["rank", "group", "seq"]]
+    if ranks is not None:
+        coll = coll[coll["rank"].isin(ranks).to_numpy()]
+    out = {(int(r), str(g)): int(q) for (r, g), q in coll.groupby(["rank", "group"], observed=True)["seq"].max().items()}
+    for (rank, group), (counted, _) in progress.items():
+        if ranks is None or rank in ranks:
+            out[(rank, group)] = max(out.get((rank, group), -1), int(counted))
     return out
 
 
