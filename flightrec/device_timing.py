@@ -222,9 +222,12 @@ class DeviceTiming:
                 elif not end.query():
                     continue
                 anchor, anchor_ns = self._anchors[device]
+                first_read = entry.t_dev_start_ns is None
                 entry.t_dev_start_ns = anchor_ns + int(anchor.elapsed_time(start) * 1e6)
                 if end is not None:
                     entry.t_dev_end_ns = anchor_ns + int(anchor.elapsed_time(end) * 1e6)
+                elif first_read and _end_may_follow(entry):
+                    continue  # its start is read; the record stays open (once) for the end its caller places
             except Exception as exc:  # noqa: BLE001
                 log.warn_once("device-events-read", f"could not read device events ({exc!r})")
             if self._open.pop(record_id, None) is not None:
@@ -238,3 +241,10 @@ class DeviceTiming:
 
 
 SETTLED = frozenset(("completed", "failed"))
+
+
+def _end_may_follow(entry: Entry) -> bool:
+    """A blocking device op that completed before its call returned: the call places the end event
+    right after its wait (`waited(since_issue=False)`), so a dump reading now, on another thread, keeps
+    the record open until the next read. A failed or async op gets no end unless someone waits."""
+    return entry.state == "completed" and not entry.is_async

@@ -135,6 +135,32 @@ def test_events_of_ops_the_ring_dropped_go_back_unread() -> None:
     assert len(made) == before
 
 
+def test_a_dump_between_a_blocking_ops_completion_and_its_end_event_keeps_the_end() -> None:
+    """A blocking op completes (its future, on the watchdog) before its call places the end event; a
+    dump reading in that gap takes the start and leaves the record open, so the end still arrives.
+    A failed op, or an async one nobody waited on, closes at once with its start alone."""
+    dev = FakeDevice()
+    timing = DeviceTiming(factory=dev.event, clock=lambda: 0)
+    blocking, failed, unwaited = _device_entry(0), _device_entry(1), _device_entry(2)
+    unwaited.is_async = True
+    for entry in (blocking, failed, unwaited):
+        timing.before(entry)
+    blocking.state = unwaited.state = "completed"
+    failed.state = "failed"
+    dev.now_ms = dev.queue_ms
+    assert timing.resolve() == 2 and timing.pending == 1  # a failure dump reads, on another thread
+    assert blocking.t_dev_start_ns is not None and blocking.t_dev_end_ns is None
+    timing.waited(blocking, since_issue=False)  # the call's wait returned: its end goes on the stream
+    assert timing.resolve() == 1 and timing.pending == 0
+    assert blocking.t_dev_end_ns is not None
+    lost = _device_entry(3)  # a blocking op whose end never comes: kept for one read only, never leaked
+    timing.before(lost)
+    lost.state = "completed"
+    timing.resolve()
+    timing.resolve()
+    assert timing.pending == 0 and lost.t_dev_start_ns is not None and lost.t_dev_end_ns is None
+
+
 def test_no_device_events_means_host_times_only() -> None:
     def broken(device: str) -> FakeEvent:
         raise RuntimeError("no such device")
