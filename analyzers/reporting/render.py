@@ -335,10 +335,15 @@ def _cause_phrase(c: dict[str, Any]) -> str:
 
 
 def _now_at(c: dict[str, Any]) -> str | None:
+    """Where the rank's main thread is: the innermost frame of the user's code (library frames are in
+    its stack, below), else its innermost frame."""
+    stack, source = list(c.get("stack") or []), list(c.get("source") or [])
+    user = stackview.innermost_user(stack, source)
+    if user is not None:
+        return stackview.where_text(*user) + " (main thread)"
     if not c.get("site"):
         return None
-    source = c.get("source") or []
-    code = source[-1] if source and (c.get("stack") or [None])[-1] == c["site"] else None
+    code = source[-1] if source and (stack or [None])[-1] == c["site"] else None
     return stackview.where_text(c["site"], code) + " (main thread)"
 
 
