@@ -57,16 +57,22 @@ def _from_entry_stacks(entries: pd.DataFrame, rows: np.ndarray) -> dict[int, str
 
 
 def _from_threads(entries: pd.DataFrame, rows: np.ndarray, dumps: dict[int, RankDump]) -> dict[int, str]:
-    """Row position -> the innermost user frame of the thread that is inside that op now."""
+    """Row position -> the innermost user frame of the thread that is inside that op now (`in_op`: its
+    id; -1, an op the C hot path does not name: that thread's newest pending op)."""
     inside: dict[tuple[int, int], str] = {}
+    unnamed: dict[tuple[int, str], str] = {}
     for rank, dump in dumps.items():
         for t in dump.threads:
             op = t.get("in_op") if isinstance(t, dict) else None
-            if not isinstance(op, int) or op < 0:
+            if not isinstance(op, int):
                 continue
             user = stackview.innermost_user([str(f) for f in t.get("stack") or []])
-            if user is not None:
+            if user is not None and op >= 0:
                 inside[(int(rank), op)] = user[0]
+            elif user is not None:
+                unnamed[(int(rank), str(t.get("name")))] = user[0]
+    if unnamed:
+        inside |= _newest_pending(entries, rows, unnamed)
     if not inside:
         return {}
     at = pd.MultiIndex.from_tuples(list(inside)).get_indexer(
@@ -74,3 +80,13 @@ def _from_threads(entries: pd.DataFrame, rows: np.ndarray, dumps: dict[int, Rank
     hit = at >= 0
     values = np.array(list(inside.values()), dtype=object)
     return dict(zip(rows[hit].tolist(), values[at[hit]].tolist(), strict=True))
+
+
+def _newest_pending(entries: pd.DataFrame, rows: np.ndarray, unnamed: dict[tuple[int, str], str]) -> dict[tuple[int, int], str]:
+    """(rank, id) of each (rank, thread)'s newest pending op among `rows` -> that thread's user frame."""
+    part = entries.iloc[rows][["rank", "id", "thread", "state"]]
+    part = part.loc[part["state"].astype(str).isin(("started", "enqueued"))]
+    if part.empty:
+        return {}
+    newest = part.assign(thread=part["thread"].astype(str)).groupby(["rank", "thread"], observed=True)["id"].max()
+    return {(int(r), int(i)): unnamed[(int(r), t)] for (r, t), i in newest.items() if (int(r), t) in unnamed}
