@@ -312,6 +312,7 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
     else:
         label("why", c["detail"] if verbose or len(c["detail"]) <= 300 else c["detail"][:297] + "...")
         label("call site", c.get("site") if c["kind"] != CRASHED else None)
+    out += _thread_lines(c, verbose)
     if c.get("dump_reason"):
         why = DUMP_REASONS.get(c["dump_reason"].split(":")[0], c["dump_reason"])
         label("dump", f"written on {why}" + (f" ({c['dump_reason_detail']})" if c.get("dump_reason_detail") and verbose else ""))
@@ -326,6 +327,26 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
         out.append("  (it exited: its exit record holds no thread stacks; its last op above is where it left)")
     elif c["kind"] in (NOT_ENTERED, MISSING_DUMP):
         out.append("  (no thread stacks in its dump: where it is stuck is unknown)")
+    return out
+
+
+DEFAULT_THREAD_LINES = 2
+
+
+def _thread_lines(c: dict[str, Any], verbose: bool) -> list[str]:
+    """The rank's other busy threads (`threads`): on the first screen when its main thread waits on a
+    lock, a queue or a join (the thread holding it is the one to look at), with their stacks in -v."""
+    threads = c.get("threads") or []
+    if not threads or not (verbose or c.get("main_waits_on_thread")):
+        return []
+    out = []
+    for i, t in enumerate(threads if verbose else threads[:DEFAULT_THREAD_LINES]):
+        name = "thread" if i == 0 else ""
+        out.append(f"  {name:<11} {t['name']} at {stackview.where_text(t['at'], t.get('code'))}")
+        if verbose:
+            out += stackview.traceback_lines(t.get("stack") or [], t.get("source"), indent="      ")
+    if len(threads) > len(out) and not verbose:
+        out.append(f"  {'':<11} ... {plural(len(threads) - DEFAULT_THREAD_LINES, 'more thread')} (-v lists them)")
     return out
 
 

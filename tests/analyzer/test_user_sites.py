@@ -66,3 +66,56 @@ def test_one_definition_of_library_code() -> None:
         assert is_library_file(path), path
     for path in ("/home/me/train.py", "/work/fixtures/jobs/scenarios.py", "<string>", "/home/me/torchrun_job.py"):
         assert not is_library_file(path), path
+
+
+CHECKPOINT = ["/usr/lib/python3.11/threading.py:1002 in _bootstrap", "/usr/lib/python3.11/threading.py:1045 in run",
+              "/home/me/ckpt.py:30 in save", "/home/me/ckpt.py:41 in serialize"]
+
+
+def _lock_wait(folder: Path) -> Path:
+    """Rank 0's main thread waits on a lock its checkpoint thread holds (a C lock: no Python frame,
+    its own line `with CKPT_LOCK:`); rank 1 waits for it in an all_reduce. Idle threads beside them."""
+    job = Job(2)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[1], state="started")
+    job.stack(0, [*USER[:2], "/home/me/train.py:77 in step"])
+    job.threads[0][0]["code"] = ["main()", "step()", "with CKPT_LOCK:"]
+    job.threads[0] += [
+        {"name": "checkpoint", "ident": 7, "daemon": True, "is_main": False, "stack": CHECKPOINT,
+         "code": [None, None, "serialize(state)", "time.sleep(0.5)"]},
+        {"name": "ThreadPoolExecutor-0_0", "ident": 8, "daemon": True, "is_main": False,
+         "stack": ["/usr/lib/python3.11/threading.py:1002 in _bootstrap",
+                   "/usr/lib/python3.11/concurrent/futures/thread.py:81 in _worker",
+                   "/usr/lib/python3.11/queue.py:171 in get", "/usr/lib/python3.11/threading.py:327 in wait"]},
+    ]
+    return job.write(folder)
+
+
+def test_a_thread_holding_the_main_thread_is_named(tmp_path: Path) -> None:
+    """The checkpoint thread is on the first screen (the main thread waits on a lock), with its stack in
+    -v and in the JSON; the recorder's watchdog and an idle pool worker are left out."""
+    import json
+
+    folder = _lock_wait(tmp_path / "job")
+    out = CliRunner().invoke(analyze_command, [str(folder), "-q"]).output
+    first = out.split("next:")[0]
+    assert "  thread      checkpoint at ckpt.py:41 in serialize: time.sleep(0.5)" in first, out
+    assert "watchdog" not in first and "ThreadPoolExecutor" not in first, out
+    verbose = CliRunner().invoke(analyze_command, [str(folder), "-q", "-v"]).output
+    assert 'File "/home/me/ckpt.py", line 30, in save' in verbose, verbose
+    report = json.loads(CliRunner().invoke(analyze_command, [str(folder), "-q", "--format", "json"]).output)
+    cause = report["root_causes"][0]
+    assert cause["main_waits_on_thread"] is True
+    assert [(t["name"], t["at"]) for t in cause["threads"]] == [("checkpoint", "/home/me/ckpt.py:41 in serialize")]
+    assert cause["threads"][0]["stack"][-1] == CHECKPOINT[-1]
+
+
+def test_busy_threads_stay_off_the_first_screen_unless_the_main_thread_waits(tmp_path: Path) -> None:
+    job = Job(2)
+    job.collective("0", "all_reduce")
+    job.collective("0", "all_reduce", ranks=[1], state="started")
+    job.stack(0, [*USER, "/home/me/data.py:41 in decode_shard"])
+    job.threads[0].append({"name": "checkpoint", "ident": 7, "daemon": True, "is_main": False, "stack": CHECKPOINT})
+    folder = job.write(tmp_path / "job")
+    assert "checkpoint" not in CliRunner().invoke(analyze_command, [str(folder), "-q"]).output.split("next:")[0]
+    assert "checkpoint at ckpt.py:41 in serialize" in CliRunner().invoke(analyze_command, [str(folder), "-q", "-v"]).output
