@@ -122,6 +122,7 @@ def _print_hosts(report: dict[str, Any]) -> None:
 @click.option("--attempt", "attempt", type=click.IntRange(min=0), default=None, help="That torchelastic restart attempt's dump (default: the latest).")
 def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attempt: int | None = None) -> None:
     """List one rank's recorded entries as a table (FOLDER...: one or more folders of one job)."""
+    from .reading.sites import to_user_sites
     from .reporting.render import entry_table
 
     try:
@@ -132,7 +133,8 @@ def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attemp
     named = [f for f in files if rank_from_name(f.name) == rank]
     got, problems = _rank_dump(named, files, rank, attempt)
     if got is not None:
-        click.echo(entry_table(concat_entries([got.entries]), rank, group, got.meta.get("wall_offset_ns")))
+        table = to_user_sites(concat_entries([got.entries]), {rank: got})
+        click.echo(entry_table(table, rank, group, got.meta.get("wall_offset_ns")))
         return
     have = sorted({r for r in (rank_from_name(f.name) for f in files) if r is not None})
     where = " ".join(map(str, folders))

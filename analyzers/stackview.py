@@ -12,12 +12,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from flightrec.libraries import LIBRARY as LIBRARY_FILES
+
 FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<func>.*)$")
 OMITTED = re.compile(r"^\.\.\. (\d+) frames? omitted \.\.\.$")
 # frames that are not the user's code: installed packages, the standard library, frozen modules,
-# the recorder itself
-LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen |[/\\]flightrec[/\\]"
-                     r"|(?:^|[/\\])torch[/\\](?:distributed|nn|autograd|_tensor\.py|utils)")
+# known frameworks (torch, DeepSpeed, Megatron, ...) wherever they are, the recorder itself: the same
+# definition the recorder places call sites by (flightrec/libraries.py)
+LIBRARY = LIBRARY_FILES
 STACK_LINES = 12  # frames a report keeps of one stack
 OUTER_USER_FRAMES = 3  # of which the outermost frames of the user's code
 
@@ -86,3 +88,44 @@ def where_text(frame: str, code: str | None) -> str:
 
 def _basename(path: str) -> str:
     return re.split(r"[/\\]", path)[-1]
+
+
+# A thread parked waiting for work: its innermost frame is one of the standard library's waits.
+IDLE_WAIT = re.compile(r"(?:^|[/\\])(?:threading|queue|selectors|socket|ssl|sched)\.py:\d+ in "
+                       r"|[/\\]concurrent[/\\]futures[/\\]thread\.py:\d+ in _worker|[/\\]multiprocessing[/\\]connection\.py:")
+IDLE_NAMES = re.compile(r"^(?:flightrec-|pt_autograd|pt_thread|gloo|QueueFeederThread)")
+# The main thread blocked on another thread: a threading/queue wait, a future's result, or (a C lock has
+# no Python frame) its own line taking a lock or joining.
+MAIN_WAITS = re.compile(r"(?:^|[/\\])(?:threading\.py:\d+ in (?:wait|acquire|join|_wait_for_tstate_lock)"
+                        r"|queue\.py:\d+ in (?:get|put|join)|_base\.py:\d+ in result)$")
+LOCK_LINE = re.compile(r"^with\s+[\w.\[\]]*lock\b|\.acquire\(|\.join\(|\.wait\(", re.IGNORECASE)
+THREAD_FRAMES = 8  # frames kept of another thread's stack
+
+
+def waits_on_a_thread(stack: Sequence[str], code: Sequence[str | None] | None = None) -> bool:
+    """True when a main thread's innermost frames wait on a lock, a queue, an event or a join."""
+    if not stack:
+        return False
+    if MAIN_WAITS.search(stack[-1]):
+        return True
+    user = innermost_user(stack, code)
+    return user is not None and user[0] == stack[-1] and bool(user[1]) and bool(LOCK_LINE.search(str(user[1])))
+
+
+def busy_threads(threads: Sequence[dict]) -> list[dict]:
+    """The rank's threads other than the main one that are doing something (named; idle ones left out:
+    the recorder's, PyTorch's and gloo's, pool workers waiting for work), each as {name, at, code,
+    stack, source}: `at` its innermost user frame (else innermost frame), `stack` its innermost frames."""
+    out = []
+    for t in threads:
+        if not isinstance(t, dict) or t.get("is_main") or IDLE_NAMES.match(str(t.get("name") or "")):
+            continue
+        stack = [str(f) for f in t.get("stack") or []]
+        if not stack or IDLE_WAIT.search(stack[-1]) or any("flightrec" in f and "watchdog" in f for f in stack[-3:]):
+            continue
+        code = t.get("code")
+        code = list(code) if isinstance(code, list) and len(code) == len(stack) else [None] * len(stack)
+        at = innermost_user(stack, code) or (stack[-1], code[-1])
+        out.append({"name": str(t.get("name")), "at": at[0], "code": at[1], "stack": stack[-THREAD_FRAMES:],
+                    "source": code[-THREAD_FRAMES:]})
+    return out

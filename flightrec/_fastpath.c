@@ -310,7 +310,7 @@ static PyTypeObject *entry_type, *group_type, *thread_type;
 static ThreadLayout T;
 
 /* constants shared by every wrapper */
-static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu, *s_startswith;
+static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu;
 static PyObject *s_python, *s_cpu, *s_empty;
 static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_wait, *s_get_future, *s_add_done_callback,
     *s_value, *s_async_op, *s_done, *s_is_cuda, *s_cuda;
@@ -405,7 +405,7 @@ typedef struct {
     PyObject *dict; /* __name__, __wrapped__, ... (functools.update_wrapper) */
     PyObject *original, *slow, *rec_dict, *local, *by_pg, *pending, *slots, *ids, *world_dict, *tensor_type;
     PyObject *by_work, *work_type, *async_slot;
-    PyObject *finish, *seq_after, *record_failure, *on_finish_error, *site_cache, *skip_prefixes;
+    PyObject *finish, *seq_after, *record_failure, *on_finish_error, *site_cache, *frame_class;
     PyObject *async_apis, *api_name, *op_name, *kind;
     /* device ops (NCCL, HCCL): patching._call_on_device's common case */
     PyObject *stream_group_type, *polled, *wait_failed, *device_failed, *device_tail;
@@ -430,7 +430,7 @@ typedef struct {
 #define LEAF_OBJECTS(X) \
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
     X(tensor_type) X(by_work) X(work_type) X(async_slot) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
-    X(skip_prefixes) X(async_apis) X(api_name) X(op_name) X(kind) X(stream_group_type) X(polled) X(wait_failed) \
+    X(frame_class) X(async_apis) X(api_name) X(op_name) X(kind) X(stream_group_type) X(polled) X(wait_failed) \
     X(device_failed) X(device_tail) X(tls_state) X(site_code) X(site) X(last_pair) X(last_meta) X(step_group) \
     X(step_api) X(forced_from) X(forced_kwnames)
 
@@ -579,14 +579,60 @@ static int endpoint(PyObject *global_rank, PyObject *group_rank, PyObject *group
     return ok;
 }
 
-/* stacks.call_site: the first frame outside torch.distributed and flightrec, as (code, f_lasti).
+/* stacks.call_site: the innermost frame of the user's code, as (code, f_lasti); with none on the stack
+ * (SITE_WALK_LIMIT frames walked), the first library frame. Each code object's class (stacks.PASS,
+ * LIBRARY, USER: stacks.frame_class) is cached by its id, shared with the Python path.
  * The C wrapper has no frame, so the walk starts at its caller. New ref, or Py_None. */
+#define SITE_PASS 0
+#define SITE_LIBRARY 1
+#define SITE_USER 2
+#define SITE_WALK_LIMIT 256
+
+static int site_class(Leaf *self, PyCodeObject *code)
+{
+    PyObject *key = PyLong_FromVoidPtr(code);
+    if (key == NULL) {
+        PyErr_Clear();
+        return SITE_LIBRARY;
+    }
+    PyObject *known = PyDict_GetItemWithError(self->site_cache, key);
+    if (known != NULL && PyTuple_CheckExact(known) && PyTuple_GET_SIZE(known) == 2
+        && PyTuple_GET_ITEM(known, 0) == (PyObject *)code && PyLong_CheckExact(PyTuple_GET_ITEM(known, 1))) {
+        Py_DECREF(key);
+        return (int)PyLong_AsLong(PyTuple_GET_ITEM(known, 1));
+    }
+    PyErr_Clear();
+    int cls = SITE_LIBRARY;
+    PyObject *found = PyObject_CallOneArg(self->frame_class, code->co_filename);
+    if (found != NULL && PyLong_CheckExact(found)) {
+        cls = (int)PyLong_AsLong(found);
+        if (PyDict_GET_SIZE(self->site_cache) >= self->site_cache_limit) PyDict_Clear(self->site_cache);
+        PyObject *entry = PyTuple_Pack(2, (PyObject *)code, found);
+        if (entry == NULL || PyDict_SetItem(self->site_cache, key, entry) < 0) PyErr_Clear();
+        Py_XDECREF(entry);
+    }
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_XDECREF(found);
+    Py_DECREF(key);
+    return cls;
+}
+
+static PyObject *site_of(PyCodeObject *code, int offset)
+{
+    PyObject *lasti = PyLong_FromLong(offset);
+    PyObject *site = lasti ? PyTuple_Pack(2, (PyObject *)code, lasti) : NULL;
+    Py_XDECREF(lasti);
+    if (site == NULL) PyErr_Clear();
+    return site;
+}
+
 static PyObject *call_site(Leaf *self)
 {
     PyFrameObject *frame = PyEval_GetFrame();
     Py_XINCREF(frame);
     int depth = 0;
-    while (frame != NULL) {
+    PyObject *fallback = NULL; /* the first library frame's site */
+    while (frame != NULL && depth < SITE_WALK_LIMIT) {
         PyCodeObject *code = PyFrame_GetCode(frame);
         if (depth == 0 && (PyObject *)code == self->site_code && PyFrame_GetLasti(frame) == self->site_lasti) {
             Py_DECREF(code); /* the same caller, at the same place, as last time */
@@ -594,35 +640,14 @@ static PyObject *call_site(Leaf *self)
             Py_INCREF(self->site);
             return self->site;
         }
-        PyObject *key = PyLong_FromVoidPtr(code);
-        PyObject *known = key ? PyDict_GetItemWithError(self->site_cache, key) : NULL;
-        int ours;
-        if (known != NULL && PyTuple_CheckExact(known) && PyTuple_GET_SIZE(known) == 2
-            && PyTuple_GET_ITEM(known, 0) == (PyObject *)code) {
-            ours = PyTuple_GET_ITEM(known, 1) == Py_True;
-        } else {
-            PyObject *starts = key ? PyObject_CallMethodOneArg(code->co_filename, s_startswith, self->skip_prefixes) : NULL;
-            ours = starts == Py_True;
-            if (starts != NULL) {
-                if (PyDict_GET_SIZE(self->site_cache) >= self->site_cache_limit) PyDict_Clear(self->site_cache);
-                PyObject *entry = PyTuple_Pack(2, (PyObject *)code, starts);
-                if (entry == NULL || PyDict_SetItem(self->site_cache, key, entry) < 0) PyErr_Clear();
-                Py_XDECREF(entry);
-                Py_DECREF(starts);
-            } else {
-                PyErr_Clear();
-            }
-        }
-        Py_XDECREF(key);
-        if (!ours) {
+        int cls = site_class(self, code);
+        if (cls == SITE_USER) {
             int offset = PyFrame_GetLasti(frame);
-            PyObject *lasti = PyLong_FromLong(offset);
-            PyObject *site = lasti ? PyTuple_Pack(2, (PyObject *)code, lasti) : NULL;
-            Py_XDECREF(lasti);
+            PyObject *site = site_of(code, offset);
             Py_DECREF(frame);
+            Py_XDECREF(fallback);
             if (site == NULL) {
                 Py_DECREF(code);
-                PyErr_Clear();
                 Py_RETURN_NONE;
             }
             /* the cache is valid only when the caller itself is the site (not a frame of ours) */
@@ -632,12 +657,15 @@ static PyObject *call_site(Leaf *self)
             self->site_lasti = depth == 0 ? offset : -2;
             return site;
         }
+        if (cls == SITE_LIBRARY && fallback == NULL) fallback = site_of(code, PyFrame_GetLasti(frame));
         Py_DECREF(code);
         PyFrameObject *back = PyFrame_GetBack(frame);
         Py_DECREF(frame);
         frame = back;
         depth++;
     }
+    Py_XDECREF(frame);
+    if (fallback != NULL) return fallback;
     Py_RETURN_NONE;
 }
 
@@ -1535,7 +1563,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
     INTERN(s_active, "active") INTERN(s_state, "state") INTERN(s_default_pg, "_default_pg")
-    INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu") INTERN(s_startswith, "startswith")
+    INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
     INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_before, "before")
     INTERN(s_waited, "waited") INTERN(s_wait, "wait") INTERN(s_get_future, "get_future")

@@ -20,7 +20,7 @@ from .entry import Entry
 from .groups import GroupState, StreamGroupState
 from .ops import OpSpec
 from .recorder import _ASYNC_APIS, RECHECK_EVERY, TRUST_AFTER, Recorder, ThreadState
-from .stacks import _SKIP, _SKIP_BY_CODE, _SKIP_CACHE_LIMIT
+from .stacks import _SKIP_BY_CODE, _SKIP_CACHE_LIMIT, frame_class
 
 try:
     from . import _fastpath
@@ -90,7 +90,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
         "slots": rec.ring.slots, "capacity": rec.ring.capacity,
         "ids": rec.ring.ids, "world_dict": vars(c10d._world), "tensor_type": torch.Tensor,
         "finish": rec.finish, "seq_after": rec._seq_after, "record_failure": lambda entry, group, exc: record_failure(rec, (entry, group), exc),
-        "on_finish_error": on_finish_error, "site_cache": _SKIP_BY_CODE, "skip_prefixes": _SKIP,
+        "on_finish_error": on_finish_error, "site_cache": _SKIP_BY_CODE, "frame_class": frame_class,
         "site_cache_limit": _SKIP_CACHE_LIMIT, "trust_after": TRUST_AFTER, "recheck_every": RECHECK_EVERY,
         "async_apis": _ASYNC_APIS, "api_name": spec.api, "op_name": spec.op, "kind": spec.kind,
         "is_coll": int(spec.kind == "coll"), "is_send": int(spec.direction == "send"),

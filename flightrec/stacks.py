@@ -10,6 +10,8 @@ from types import CodeType, FrameType
 
 import torch
 
+from .libraries import is_library_file
+
 Frame = tuple[str, int, str]
 
 _TORCH_DIST = os.path.dirname(os.path.abspath(torch.distributed.__file__)) + os.sep
@@ -36,37 +38,57 @@ def _pass_through_layers() -> tuple[str, ...]:
 
 
 _SKIP = (_TORCH_DIST, _FLIGHTREC, _CONTEXTLIB, *_pass_through_layers())
+# What a frame is to `call_site`: a layer that only passes the call on (never a site), a library's
+# (a site only when no frame of the user's code is on the stack), or the user's own code.
+PASS, LIBRARY, USER = 0, 1, 2
+SITE_WALK_LIMIT = 256  # frames walked for the user's code; a deeper stack keeps the first library site
 
 
-# id(code) -> (code, is ours): hashing a code object hashes its whole body (~0.5 µs), its id does
+def frame_class(filename: str) -> int:
+    """PASS, LIBRARY or USER (flightrec/libraries.py says what is a library)."""
+    if filename.startswith(_SKIP):
+        return PASS
+    return LIBRARY if is_library_file(filename) else USER
+
+
+# id(code) -> (code, frame_class): hashing a code object hashes its whole body (~0.5 µs), its id does
 # not; the entry keeps the code alive so an id is never reused while it is in the cache.
-_SKIP_BY_CODE: dict[int, tuple[CodeType, bool]] = {}
+_SKIP_BY_CODE: dict[int, tuple[CodeType, int]] = {}
 _SKIP_CACHE_LIMIT = 65536  # code made at run time (exec in a loop) must not grow it forever
 
 Site = tuple[CodeType, int]  # (code, f_lasti): the line is looked up only when a dump is written
 
 
 def call_site(depth: int = 2) -> Site | None:
-    """The first frame outside torch.distributed and flightrec: where training code called us.
+    """The innermost frame of the user's code: where training code called us, through any library
+    (an FSDP2 hook under torch's no_grad decorator, DeepSpeed's ZeRO, Lightning's loop). With no user
+    frame on the stack (a hook run on an autograd thread), the first frame outside torch.distributed
+    and flightrec.
 
-    Kept raw on the hot path; `site_frame` turns it into (file, line, function) when needed.
+    Kept raw on the hot path; `site_frame` turns it into (file, line, function) when needed. The C hot
+    path (`_fastpath.c`, `call_site`) walks the same way, with the same cache.
     """
     try:
         frame: FrameType | None = sys._getframe(depth)
     except ValueError:
         return None
     cache = _SKIP_BY_CODE
-    while frame is not None:
+    fallback: Site | None = None
+    walked = 0
+    while frame is not None and walked < SITE_WALK_LIMIT:
         code = frame.f_code
         known = cache.get(id(code))
         if known is None or known[0] is not code:
             if len(cache) >= _SKIP_CACHE_LIMIT:
                 cache.clear()
-            known = cache[id(code)] = (code, code.co_filename.startswith(_SKIP))
-        if not known[1]:
+            known = cache[id(code)] = (code, frame_class(code.co_filename))
+        if known[1] == USER:
             return (code, frame.f_lasti)
+        if known[1] == LIBRARY and fallback is None:
+            fallback = (code, frame.f_lasti)
         frame = frame.f_back
-    return None
+        walked += 1
+    return fallback
 
 
 def site_frame(site: Site | None) -> Frame | None:

@@ -60,6 +60,8 @@ class Cause:
     source: list[str | None] = field(default_factory=list)  # each stack frame's source line, where known
     last_op: str | None = None  # the rank's newest recorded op, as text
     gil_stacks: dict[str, Any] | None = None  # alive, holding the GIL: its stacks file (reading/gil_stacks.py)
+    threads: list[dict[str, Any]] = field(default_factory=list)  # its other busy threads (stackview.busy_threads)
+    main_waits: bool = False  # its main thread waits on a lock, a queue or a join (stackview.waits_on_a_thread)
 
     def item(self) -> dict[str, Any]:
         """The report's `root_causes` item."""
@@ -78,6 +80,8 @@ class Cause:
             "victims": self.victims,
             "last_op": self.last_op,
             "gil_stacks": self.gil_stacks,
+            "threads": self.threads,
+            "main_waits_on_thread": self.main_waits,
         }
 
 
@@ -186,6 +190,7 @@ def find_causes(
         causes = [c for c in causes if not (c.kind == NOT_ENTERED and c.group == shift.group and c.rank in shift.others
                                             and (c.seq or 0) > shift.last)]
     _mismatch_sites(causes, entries)
+    _other_threads(causes, dumps)
 
     groups: dict[str, tuple[int, ...]] = {}
     entered: dict[tuple[int, str], int] = {}
@@ -406,6 +411,22 @@ def _main_stack(threads: list[dict[str, Any]]) -> tuple[list[str], list[str | No
         code.pop()
     stack, source = stackview.excerpt(frames, code)
     return stack, source, (frames[-1] if frames else None)
+
+
+def _other_threads(causes: list[Cause], dumps: dict[int, RankDump]) -> None:
+    """Each cause's rank's busy threads besides the main one, and whether its main thread waits on one
+    (a lock its checkpoint thread holds): the thread that holds the job up may not be the main one."""
+    for c in causes:
+        dump = dumps.get(c.rank)
+        threads = [t for t in (dump.threads if dump is not None else []) if isinstance(t, dict)]
+        if not threads and c.gil_stacks is not None:
+            continue
+        c.threads = stackview.busy_threads(threads)
+        main = next((t for t in threads if t.get("is_main")), None)
+        if main is not None:
+            stack = [str(f) for f in main.get("stack") or []]
+            code = main.get("code") if isinstance(main.get("code"), list) else None
+            c.main_waits = stackview.waits_on_a_thread(stack, code)
 
 
 def _last_op(entries: pd.DataFrame, r: int) -> str | None:

@@ -34,6 +34,7 @@ from .jobs import split_jobs
 from .rankdump import FileProblem, RankDump, SharedMembers, SideFile
 from .read import rank_from_name, read_path
 from .sample import sample
+from .sites import to_user_sites
 from .table_builder import TableBuilder
 
 # Below these, a pool's start-up (forking, pickling frames back) costs more than it saves.
@@ -363,7 +364,7 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
         raise UnusableInput(f"{where}: no readable dump ({lines})")
     notes += _version_notes(dumps)
     notes += _merge_notes(dumps)
-    entries = merge_batches(batches, dumps, builder)
+    entries = to_user_sites(merge_batches(batches, dumps, builder), dumps)
     for d in dumps.values():
         d.entries = {}  # the table owns the rows now; keep per-rank records light
     release_free_memory()  # what reading left free in the heap (batches unpickled, per-file objects)

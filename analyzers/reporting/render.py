@@ -312,6 +312,7 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
     else:
         label("why", c["detail"] if verbose or len(c["detail"]) <= 300 else c["detail"][:297] + "...")
         label("call site", c.get("site") if c["kind"] != CRASHED else None)
+    out += _thread_lines(c, verbose)
     if c.get("dump_reason"):
         why = DUMP_REASONS.get(c["dump_reason"].split(":")[0], c["dump_reason"])
         label("dump", f"written on {why}" + (f" ({c['dump_reason_detail']})" if c.get("dump_reason_detail") and verbose else ""))
@@ -329,16 +330,41 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
     return out
 
 
+DEFAULT_THREAD_LINES = 2
+
+
+def _thread_lines(c: dict[str, Any], verbose: bool) -> list[str]:
+    """The rank's other busy threads (`threads`): on the first screen when its main thread waits on a
+    lock, a queue or a join (the thread holding it is the one to look at), with their stacks in -v."""
+    threads = c.get("threads") or []
+    if not threads or not (verbose or c.get("main_waits_on_thread")):
+        return []
+    out = []
+    for i, t in enumerate(threads if verbose else threads[:DEFAULT_THREAD_LINES]):
+        name = "thread" if i == 0 else ""
+        out.append(f"  {name:<11} {t['name']} at {stackview.where_text(t['at'], t.get('code'))}")
+        if verbose:
+            out += stackview.traceback_lines(t.get("stack") or [], t.get("source"), indent="      ")
+    if len(threads) > len(out) and not verbose:
+        out.append(f"  {'':<11} ... {plural(len(threads) - DEFAULT_THREAD_LINES, 'more thread')} (-v lists them)")
+    return out
+
+
 def _cause_phrase(c: dict[str, Any]) -> str:
     at = f" at {_position(c)}" if c.get("op") is not None else ""
     return f"{KIND_WORDS.get(c['kind'], c['kind'])}{at} [{c['kind']}]" + (f" on host {c['host']}" if c.get("host") else "")
 
 
 def _now_at(c: dict[str, Any]) -> str | None:
+    """Where the rank's main thread is: the innermost frame of the user's code (library frames are in
+    its stack, below), else its innermost frame."""
+    stack, source = list(c.get("stack") or []), list(c.get("source") or [])
+    user = stackview.innermost_user(stack, source)
+    if user is not None:
+        return stackview.where_text(*user) + " (main thread)"
     if not c.get("site"):
         return None
-    source = c.get("source") or []
-    code = source[-1] if source and (c.get("stack") or [None])[-1] == c["site"] else None
+    code = source[-1] if source and (stack or [None])[-1] == c["site"] else None
     return stackview.where_text(c["site"], code) + " (main thread)"
 
 

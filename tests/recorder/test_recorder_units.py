@@ -252,6 +252,25 @@ print(hits == [signal.SIGTERM], os.path.exists({str(tmp_path / "rank-00000.json.
     assert signal.SIGTERM  # the parent is untouched
 
 
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_the_call_site_is_the_users_line_past_library_frames(fast: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op issued from inside a library (an FSDP2 hook under torch's no_grad decorator) is placed at the
+    user's line that called the library, in the C hot path and the Python wrapper alike; with no user
+    frame on the stack, at the first library frame."""
+    if fast == "1" and not fastpath.available():
+        pytest.skip("the C hot path is not built")
+    monkeypatch.setenv("FLIGHTREC_FASTPATH", fast)
+    run_ranks(workers.through_a_library, 2, str(tmp_path), timeout_s=60)
+    sites = [row["site"] for row in entries(load_dump(tmp_path, 1)) if row["op"] == "all_reduce"]
+    user = f"{workers.__file__}:{_line_of(workers.__file__, '# the user' + chr(39) + 's line')} in through_a_library"
+    assert sites == [user] * 3 + [f"{workers.LIBRARY_FILE}:3 in decorate_context"], sites
+
+
+def _line_of(path: str, marker: str) -> int:
+    return next(i for i, text in enumerate(Path(path).read_text().splitlines(), 1) if marker in text)
+
+
 def test_full_stacks_when_asked(tmp_path: Path) -> None:
     run_ranks(workers.with_stacks, 2, str(tmp_path), timeout_s=60)
     row = entries(load_dump(tmp_path, 1))[0]

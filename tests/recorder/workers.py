@@ -370,3 +370,32 @@ def in_flight_past_the_ring(rank: int, world_size: int, port: int, out: str) -> 
         work.wait()
     dist.barrier()
     dist.destroy_process_group()
+
+
+# Code that says it is a library's (its frames' file names), the way an FSDP2 hook runs under torch's
+# no_grad decorator: the user's code calls it, it calls torch.distributed.
+_LIBRARY_CODE = """
+def decorate_context(fn, *args):
+    return fn(*args)
+
+def issue_in_a_thread(fn, *args):
+    import threading
+    worker = threading.Thread(target=decorate_context, args=(fn, *args))
+    worker.start()
+    worker.join()
+"""
+LIBRARY_FILE = "/opt/venv/lib/python3.11/site-packages/torch/utils/_contextlib.py"
+_library: dict = {}
+exec(compile(_LIBRARY_CODE, LIBRARY_FILE, "exec"), _library)  # noqa: S102 - frames named as a library's
+
+
+def through_a_library(rank: int, world_size: int, port: int, out: str) -> None:
+    """An op issued from library code the user's code called (its site: the user's line), and one
+    issued from library code alone, on a thread (its site: the first library frame)."""
+    assert flightrec.enable(dir=out, timeout_s=60)
+    init_rank(rank, world_size, port)
+    for _ in range(3):  # again from the same place: the C path's one-entry cache must not change it
+        _library["decorate_context"](dist.all_reduce, torch.ones(2))  # the user's line
+    _library["issue_in_a_thread"](dist.all_reduce, torch.ones(2))
+    flightrec.dump("sites")
+    dist.destroy_process_group()
