@@ -80,7 +80,7 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
     if report.get("stragglers"):
         top = report["stragglers"] if verbose else report["stragglers"][:3]
         lines += ["", "slow ranks (by what they cost the others, most first):"]
-        lines += [f"  rank {s['rank']}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
+        lines += [f"  rank {s['rank']}{_on_host(report, s['rank'])}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
                   f"on {', '.join(channel_text(c) for c in (s.get('channels') or s['groups'])) or '-'}"
                   + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else "")
                   for s in top]
@@ -360,13 +360,25 @@ def _clock(unix_s: float) -> str:
 
 
 def _host_text(c: dict[str, Any]) -> str | None:
+    """`host vm (node 0, local rank 3, pid 77)`; a host inferred from a peer's dump says so and why; an
+    unknown one says why (diagnosis/hosts.py). None for a report without places (an older schema)."""
     if not c.get("host"):
-        return None
+        return f"host unknown ({c['host_detail']})" if c.get("host_detail") else None
     parts = [f"node {c['node_rank']}" if c.get("node_rank") is not None else None,
              f"local rank {c['local_rank']}" if c.get("local_rank") is not None else None,
              f"pid {c['pid']}" if c.get("pid") is not None else None]
     extra = ", ".join(p for p in parts if p)
-    return f"host {c['host']}" + (f" ({extra})" if extra else "")
+    inferred = f"; inferred: {c['host_detail']}" if c.get("host_from") == "peers" and c.get("host_detail") else ""
+    return f"host {c['host']}" + (f" ({extra}{inferred})" if extra or inferred else "")
+
+
+def _on_host(report: dict[str, Any], rank: int) -> str:
+    """` (host vm)` for a rank the report places; ` (host unknown)` for one it names but cannot place."""
+    place = (report.get("hosts") or {}).get(str(rank))
+    if place is None:
+        return ""
+    return f" (host {place['host']}" + (", inferred" if place.get("host_from") == "peers" else "") + ")" \
+        if place.get("host") else " (host unknown)"
 
 
 def _exception_text(c: dict[str, Any]) -> str | None:
