@@ -75,7 +75,7 @@ def test_readme_demo_names_the_stalled_rank(tmp_path: Path) -> None:
     assert "HANG: rank 2 never reached all_reduce" in out.stdout and "stall_in_compute" in out.stdout
     # the stalled rank's stack and the waiters' place read like a traceback, with their source lines
     assert "    File \"" in out.stdout and "      time.sleep(3600)" in out.stdout
-    assert "ranks 0-1, 3 -> rank 2 in all_reduce #4 of group 0 (default_pg), at train.py:109 in main: dist.all_reduce(grad)" in out.stdout
+    assert "ranks 0-1, 3 -> rank 2 in all_reduce #4 of group 0 [0-3] (world), at train.py:109 in main: dist.all_reduce(grad)" in out.stdout
 
 
 def test_torn_down_crash_is_accepted_only_with_its_evidence() -> None:
