@@ -35,6 +35,7 @@ from .diagnosis.causes import CauseResult, build_graph, find_causes
 from .diagnosis.divergence import Divergence, find_divergence
 from .diagnosis.divergence import line as divergence_line
 from .diagnosis.failures import Failure, exited_ranks, failures_text, find_failures, unexplained
+from .diagnosis.hosts import Hosts
 from .diagnosis.matching import MatchResult, match
 from .diagnosis.stalls import find_stalls, short_site
 from .diagnosis.transfers import Transfers, pair_transfers
@@ -336,6 +337,8 @@ class Analysis:
             "attempts": self._data.attempts or {"analysed": 0, "others": []},
             "root_causes": [self._diverged_detail({**c.item(), **self._where(c.rank)}) for c in causes],
             "victims": victims,
+            "hosts": self._hosts.table([r for c in causes for r in (c.ranks or [c.rank])] + [s["rank"] for s in self.slow.stragglers]
+                                       + self.missing + self.unreadable),
             "waits": [{**w.item(), **self._waiter_place(w)} for w in waits],
             "cycles": self._causes.cycles,
             "failures": [f.item() for f in self.failures],
@@ -362,13 +365,16 @@ class Analysis:
         said = "; ".join(divergence_line(d, short=True) for d in mine[:3])
         return {**cause, "detail": f"{cause['detail']}; where its stream diverged: {said}" if cause.get("detail") else said}
 
+    @cached_property
+    def _hosts(self) -> Hosts:
+        return Hosts({r: d.meta for r, d in self.dumps.items()})
+
     def _where(self, rank: int) -> dict[str, Any]:
         """Where to act on a rank: its host, local rank, pid and node rank (torchrun's GROUP_RANK), as
-        its dump says; None where it left no dump or its format does not say (PyTorch's recorder).
+        its dump says, else as a peer's on its node says (diagnosis/hosts.py); None where neither does.
         Also why its dump was written (`dump_reason`, `dump_reason_detail`)."""
         meta = self.dumps[rank].meta if rank in self.dumps else {}
-        return {key: meta.get(key) for key in ("host", "local_rank", "pid", "node_rank")} | {
-            "dump_reason": meta.get("reason"), "dump_reason_detail": meta.get("reason_detail")}
+        return self._hosts.place(rank) | {"dump_reason": meta.get("reason"), "dump_reason_detail": meta.get("reason_detail")}
 
     def _waiter_place(self, w: Wait) -> dict[str, Any]:
         """Where a waiting rank's program is: the call site of the op it waits in (`site`), and the

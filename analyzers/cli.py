@@ -101,16 +101,25 @@ def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, worker
 
 
 def _print_hosts(report: dict[str, Any]) -> None:
-    """The root causes' hosts, each once, in the report's order; a rank whose host is unknown (no dump)
-    is said on stderr, so that a script never drains the wrong machine."""
+    """The hosts of the ranks the report names (root causes, then slow ranks), each once, in the report's
+    order; a rank whose host is unknown, or only inferred from a peer's dump, is said on stderr (with
+    why), so that a script never drains a machine unawares; nothing named is said there too."""
+    named = [r for c in report["root_causes"] for r in c.get("ranks") or [c["rank"]]]
+    named += [s["rank"] for s in report.get("stragglers") or []]
+    places = report.get("hosts") or {}
     seen: list[str] = []
-    for cause in report["root_causes"]:
-        for rank in cause.get("ranks") or [cause["rank"]]:
-            host = cause.get("host") if rank == cause["rank"] else None
-            if host is None:
-                click.echo(f"flightrec: rank {rank}: host unknown ({cause['kind']}, no dump names it)", err=True)
-            elif host not in seen:
-                seen.append(host)
+    for rank in dict.fromkeys(named):
+        place = places.get(str(rank)) or {}
+        host = place.get("host")
+        if host is None:
+            click.echo(f"flightrec: rank {rank}: host unknown ({place.get('host_detail') or 'no dump names it'})", err=True)
+            continue
+        if place.get("host_from") == "peers":
+            click.echo(f"flightrec: rank {rank}: host {host} inferred ({place.get('host_detail')})", err=True)
+        if host not in seen:
+            seen.append(host)
+    if not named:
+        click.echo(f"flightrec: the report names no rank (verdict {report['verdict']}): no host to print", err=True)
     for host in seen:
         click.echo(host)
 

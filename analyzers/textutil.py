@@ -81,3 +81,34 @@ def ordinal(n: int) -> str:
     """2 -> '2nd', 8 -> '8th', 21 -> '21st'."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+# Group descriptions that say nothing about a group: torch's default for `new_group()` without one.
+NO_DESC = ("", "undefined")
+WORLD_DESCS = ("default_pg", "mesh_default")  # the default group; DeviceMesh's copy of it
+
+
+def group_role(desc: str | None) -> str | None:
+    """What a group is, from its description: `dp` for DeviceMesh's `mesh_dp`, `world` for the default
+    group, the job's own `group_desc` as it is; None for torch's `undefined`."""
+    text = str(desc or "").strip()
+    if text in NO_DESC:
+        return None
+    if text in WORLD_DESCS:
+        return "world"
+    return text[len("mesh_"):] if text.startswith("mesh_") and len(text) > len("mesh_") else text
+
+
+def members_text(ranks: Iterable[int] | None, limit: int = 24) -> str | None:
+    """A group's members, short at any size: `[1, 3]`, `[0-7]`, `[128 ranks: every 8th from 3 to 1019]`."""
+    if ranks is None:
+        return None
+    rs = sorted(set(int(r) for r in ranks))
+    return f"[{rank_text(rs, limit)}]" if rs else None
+
+
+def group_text(name: object, desc: str | None = None, ranks: Iterable[int] | None = None) -> str:
+    """A group as read by people: `4 [1, 3] (dp)`, `0 [0-3] (world)`; its name alone where nothing more is known."""
+    role = group_role(desc)
+    members = members_text(ranks)
+    return f"{name}" + (f" {members}" if members else "") + (f" ({role})" if role else "")

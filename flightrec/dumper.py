@@ -167,6 +167,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
         "world_size": world_size,
         "local_rank": launch.local_rank,
         "node_rank": launch.node_rank,
+        "local_world_size": launch.local_world_size,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "launcher": launch.launcher,

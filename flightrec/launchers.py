@@ -34,6 +34,8 @@ LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"
 # OMPI_COMM_WORLD_NODE_RANK: that is the process's rank among all processes on its node (mpirun gives 0, 1, ...
 # to the ranks of one node), and neither Open MPI nor hydra says which node this is.
 NODE_RANK_VARS = ("GROUP_RANK", "CROSS_RANK", "SLURM_NODEID")
+# how many ranks run on this node: torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE, Open MPI's, MPICH's
+LOCAL_WORLD_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 SLURM_TASK_ONLY = frozenset({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID"})
 NO_RUN_ID = ("", "none")  # torchrun's TORCHELASTIC_RUN_ID when no --rdzv-id was given
 
@@ -49,6 +51,7 @@ class Launch:
     node_rank: int | None
     job_id: str | None
     attempt: int  # restarts before this run (0: the first run)
+    local_world_size: int | None = None  # ranks on this node
     problems: tuple[str, ...] = ()  # variables set to something unusable, in words (ignored here)
 
 
@@ -139,6 +142,7 @@ def detect(env: Mapping[str, str] | None = None) -> Launch:
         node_rank=_first_count(env, NODE_RANK_VARS, task, problems),
         job_id=_job_id(env, task),
         attempt=_attempt(env, problems),
+        local_world_size=_first_count(env, LOCAL_WORLD_SIZE_VARS, task, problems),
         problems=tuple(problems),
     )
 

@@ -50,6 +50,7 @@ META_FIELDS = (
     "progress",
     "settings",
     "node_rank",
+    "local_world_size",
     "graph_captured_ops",
     "not_recorded",
     "recovered",

@@ -17,7 +17,7 @@ from .. import stackview
 from ..constants import COMM_STUCK, CPP_SITE, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
 from ..diagnosis.divergence import line as divergence_line
 from ..diagnosis.stalls import short_site
-from ..textutil import channel_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
+from ..textutil import channel_text, group_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
 
 # What each root-cause kind means, in the words an on-call engineer would use (report-format.md has the kinds).
 KIND_WORDS = {
@@ -80,7 +80,7 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
     if report.get("stragglers"):
         top = report["stragglers"] if verbose else report["stragglers"][:3]
         lines += ["", "slow ranks (by what they cost the others, most first):"]
-        lines += [f"  rank {s['rank']}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
+        lines += [f"  rank {s['rank']}{_on_host(report, s['rank'])}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
                   f"on {', '.join(channel_text(c) for c in (s.get('channels') or s['groups'])) or '-'}"
                   + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else "")
                   for s in top]
@@ -171,7 +171,7 @@ def headline(report: dict[str, Any]) -> str:
                 f"link or device of {who(c['ranks'])}")
     elif c["kind"] == KIND_DEADLOCK:
         cycle = set(c["ranks"])
-        inside = [f"rank {w['rank']} in {_position(_with_desc(w, report))}" for w in report["waits"] if w["rank"] in cycle]
+        inside = [f"rank {w['rank']} in {_position(_placed(w, report))}" for w in report["waits"] if w["rank"] in cycle]
         what = f"{who(cycle)} wait for each other: " + ", ".join(inside)
         waiters = sorted({w["rank"] for w in report["waits"] if set(w["waits_for"]) & cycle} - cycle)
         more_causes = [x for x in causes[1:] if not (x["kind"] == KIND_DEADLOCK and set(x["ranks"]) == cycle)]
@@ -238,7 +238,9 @@ def _error_words(text: str, width: int = 110) -> str:
 
 
 def cause_view(c: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    """A root cause with the peer of its p2p op (from its own wait, or its one waiter's)."""
+    """A root cause with its group's members and description, and the peer of its p2p op (from its own
+    wait, or its one waiter's)."""
+    c = _placed(c, report)
     if c.get("op") not in P2P_OPS or c.get("peer") is not None:
         return c
     own = next((w for w in report["waits"] if w["rank"] == c["rank"] and w["group"] == c.get("group")
@@ -250,9 +252,17 @@ def cause_view(c: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     return {**c, "peer": waiters[0]} if len(set(waiters)) == 1 else c
 
 
-def _with_desc(w: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    desc = next((g.get("desc") or "" for g in report.get("groups", []) if g["group"] == w["group"]), "")
-    return {**w, "group_desc": desc}
+def _placed(item: dict[str, Any], report: dict[str, Any], groups: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An item of a group with that group's description and members (`group_desc`, `group_ranks`), from
+    the report's `groups` (`groups`: those rows by name, when the caller has them)."""
+    g = (groups if groups is not None else _group_rows(report)).get(str(item.get("group")))
+    if g is None:
+        return item
+    return {**item, "group_desc": item.get("group_desc") or g.get("desc") or "", "group_ranks": g.get("ranks")}
+
+
+def _group_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {str(g["group"]): g for g in report.get("groups", [])}
 
 
 def _mismatch_words(c: dict[str, Any], report: dict[str, Any]) -> str:
@@ -376,13 +386,25 @@ def _clock(unix_s: float) -> str:
 
 
 def _host_text(c: dict[str, Any]) -> str | None:
+    """`host vm (node 0, local rank 3, pid 77)`; a host inferred from a peer's dump says so and why; an
+    unknown one says why (diagnosis/hosts.py). None for a report without places (an older schema)."""
     if not c.get("host"):
-        return None
+        return f"host unknown ({c['host_detail']})" if c.get("host_detail") else None
     parts = [f"node {c['node_rank']}" if c.get("node_rank") is not None else None,
              f"local rank {c['local_rank']}" if c.get("local_rank") is not None else None,
              f"pid {c['pid']}" if c.get("pid") is not None else None]
     extra = ", ".join(p for p in parts if p)
-    return f"host {c['host']}" + (f" ({extra})" if extra else "")
+    inferred = f"; inferred: {c['host_detail']}" if c.get("host_from") == "peers" and c.get("host_detail") else ""
+    return f"host {c['host']}" + (f" ({extra}{inferred})" if extra or inferred else "")
+
+
+def _on_host(report: dict[str, Any], rank: int) -> str:
+    """` (host vm)` for a rank the report places; ` (host unknown)` for one it names but cannot place."""
+    place = (report.get("hosts") or {}).get(str(rank))
+    if place is None:
+        return ""
+    return f" (host {place['host']}" + (", inferred" if place.get("host_from") == "peers" else "") + ")" \
+        if place.get("host") else " (host unknown)"
 
 
 def _exception_text(c: dict[str, Any]) -> str | None:
@@ -394,7 +416,8 @@ def _exception_text(c: dict[str, Any]) -> str | None:
 
 
 def _group_name(c: dict[str, Any]) -> str:
-    return f"{c.get('group')}" + (f" ({c['group_desc']})" if c.get("group_desc") else "")
+    """`4 [1, 3] (dp)`: the group's name, members and what it is (textutil.group_text)."""
+    return group_text(c.get("group"), c.get("group_desc"), c.get("group_ranks"))
 
 
 def _op_at(c: dict[str, Any]) -> str:
@@ -407,7 +430,7 @@ def _op_at(c: dict[str, Any]) -> str:
 
 
 def _position(c: dict[str, Any]) -> str:
-    """`all_reduce #9 of group 0 (default_pg)`; p2p ops without their per-pair number (an internal count)."""
+    """`all_reduce #9 of group 0 [0-3] (world)`; p2p ops without their per-pair number (an internal count)."""
     return f"{_op_at(c)} of group {_group_name(c)}"
 
 
@@ -417,11 +440,11 @@ P2P_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 def _waiters_of(report: dict[str, Any], rank: int) -> list[tuple[str, list[int]]]:
     """Who waits for `rank` directly, per position."""
-    desc = {g["group"]: g.get("desc") or "" for g in report.get("groups", [])}
+    groups = _group_rows(report)
     rows: dict[str, list[int]] = defaultdict(list)
     for w in report["waits"]:
         if rank in w["waits_for"]:
-            rows[_position({**w, "group_desc": desc.get(w["group"], "")})].append(w["rank"])
+            rows[_position(_placed(w, report, groups))].append(w["rank"])
     return sorted(rows.items(), key=lambda kv: -len(kv[1]))
 
 
@@ -430,7 +453,7 @@ def _mismatch_lines(report: dict[str, Any], verbose: bool) -> list[str]:
     out = [f"mismatches ({len(report['mismatches'])}):"]
     for m in shown:
         vals = "; ".join(f"{v!s} on {rank_text(rs, 40)}" for v, rs in m["values"].items())
-        out.append(f"  {m['op']} #{m['seq']} of group {m['group']}: {m['field']} differs on {who(m['ranks'], 40)} ({vals})")
+        out.append(f"  {m['op']} #{m['seq']} of group {_group_name(_placed(m, report))}: {m['field']} differs on {who(m['ranks'], 40)} ({vals})")
     if len(report["mismatches"]) > len(shown):
         out.append(f"  ... {len(report['mismatches']) - len(shown)} more (-v or --format json lists all)")
     return out
@@ -556,7 +579,7 @@ def _waiting_lines(report: dict[str, Any], graph: nx.DiGraph | None, verbose: bo
             if root in rev:
                 for node, d in nx.single_source_shortest_path_length(rev, root).items():
                     depth[node] = min(depth.get(node, d), d)
-    desc = {g["group"]: g.get("desc") or "" for g in report.get("groups", [])}
+    groups = _group_rows(report)
     rows: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for w in waits:
         rows[(w["group"], w["seq"], w["op"], tuple(w["waits_for"]), _waiter_where(w))].append(w["rank"])
@@ -569,7 +592,7 @@ def _waiting_lines(report: dict[str, Any], graph: nx.DiGraph | None, verbose: bo
     out = []
     for (group, seq, op, awaited, where), waiters in ordered[:limit]:
         peer = awaited[0] if op in P2P_OPS and len(awaited) == 1 else None
-        position = _position({"group": group, "seq": seq, "op": op, "group_desc": desc.get(group, ""), "peer": peer})
+        position = _position(_placed({"group": group, "seq": seq, "op": op, "peer": peer}, report, groups))
         at = where if where == CPP_SITE else f"at {where}"  # "issued from C++ (...)" reads without "at"
         out.append(f"  {who(waiters, 40)} -> {who(awaited, 24)} in {position}" + (f", {at}" if where else ""))
     if len(ordered) > limit:

@@ -20,17 +20,17 @@ def test_text_report_says_what_happened_first(scenario):
     result = CliRunner().invoke(analyze_command, [str(scenario("cascade"))])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == "HANG: rank 5 never reached all_reduce #3 of group 3 (tp2); rank 4 waits for it (7 ranks held up in all)"
+    assert lines[0] == "HANG: rank 5 never reached all_reduce #3 of group 3 [4-5] (tp2); rank 4 waits for it (7 ranks held up in all)"
     assert lines[1] == 'evidence: 8 of 8 ranks dumped (job "builder")'  # the synthetic job's id
     text = result.output
     assert "root cause: rank 5 — never reached the op its peers wait in [not_entered]" in text
     assert "  where       host node0 (local rank 5, pid 4005)" in text
     # its own position's waiter first, then those behind it
-    assert "  waited by   rank 4 in all_reduce #3 of group 3 (tp2); ranks 2-3, 6-7 in barrier #3 of group 0" in text
+    assert "  waited by   rank 4 in all_reduce #3 of group 3 [4-5] (tp2); ranks 2-3, 6-7 in barrier #3 of group 0" in text
     assert "  now at      data.py:41 in decode_shard (main thread)" in text
     assert '    File "data.py", line 88, in load_batch' in text
     waiting = text.split("waiting ranks")[1]
-    assert "rank 4 -> rank 5 in all_reduce #3 of group 3 (tp2), at train.py:101 in step" in waiting
+    assert "rank 4 -> rank 5 in all_reduce #3 of group 3 [4-5] (tp2), at train.py:101 in step" in waiting
     assert waiting.index("rank 4 -> rank 5") < waiting.index("rank 1 -> rank 5")  # nearest to the root first
     assert "flightrec show " in text and "--rank 5" in text  # next steps name the culprit
     for word in ("victims", "peer_request", "seq 3"):  # internal words stay in the JSON report

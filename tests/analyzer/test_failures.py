@@ -192,7 +192,7 @@ def test_every_failure_and_exit_is_on_the_first_screen(tmp_path: Path) -> None:
     job = Job(4)
     _nan_skip(job, {0: "failed", 1: "failed", 3: "failed"})
     lines = text_report(analyzers.load(job.write(tmp_path)).report()).splitlines()
-    assert lines[0] == ("HANG: rank 2 exited while its peers still ran all_reduce #13 of group 0 (default_pg); "
+    assert lines[0] == ("HANG: rank 2 exited while its peers still ran all_reduce #13 of group 0 [0-3] (world); "
                         "ranks 0-1, 3 then failed on the lost connection")
     first_screen = "\n".join(lines[:24])
     assert "  rank 2 exited normally (+0.30 s)" in first_screen

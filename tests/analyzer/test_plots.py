@@ -141,7 +141,7 @@ def test_html_report(tmp_path):
     result = CliRunner().invoke(analyze_command, [str(GOLDEN / "compute_hang"), "--html", str(page)])
     assert result.exit_code == 0, result.output
     html = page.read_text()
-    assert ">hang</span>" in html and "rank 2 never reached all_reduce #4 of group 0 (default_pg)" in html
+    assert ">hang</span>" in html and "rank 2 never reached all_reduce #4 of group 0 [0-3] (world)" in html
     assert "root cause: rank 2 — never reached the op its peers wait in [not_entered]" in html
     assert "train.py&quot;, line 34, in stall_in_compute" in html  # its stack, as a traceback
     # a plot with nothing to show is named with why, never drawn as an empty panel

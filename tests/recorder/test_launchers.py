@@ -40,7 +40,7 @@ FOREIGN_PREFIXES = ("FLIGHTREC", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PM
 def test_open_mpi() -> None:
     env = launcher_job.worker_env("openmpi", 3, 8, 0)
     # OMPI_COMM_WORLD_NODE_RANK (3 here) is the rank among the node's processes, not the node's index
-    assert launchers.detect(env) == launchers.Launch("openmpi", 3, 8, 3, None, launcher_job.OMPI_JOB, 0)
+    assert launchers.detect(env) == launchers.Launch("openmpi", 3, 8, 3, None, launcher_job.OMPI_JOB, 0, local_world_size=8)
     del env["PMIX_NAMESPACE"]  # without PMIx's namespace: the jobid
     assert launchers.detect(env).job_id == launcher_job.OMPI_JOB
 
@@ -54,7 +54,7 @@ def test_open_mpi_5_names_the_job_by_its_pmix_namespace() -> None:
 
 def test_mpich_hydra() -> None:
     found = launchers.detect(launcher_job.worker_env("mpich", 5, 6, 0))
-    assert found == launchers.Launch("pmi", 5, 6, 5, None, None, 0)
+    assert found == launchers.Launch("pmi", 5, 6, 5, None, None, 0, local_world_size=6)
 
 
 def test_pmix_alone() -> None:
@@ -76,7 +76,7 @@ def test_sbatch_batch_script_is_no_rank() -> None:
 
 def test_deepspeed_worker_and_its_launcher() -> None:
     found = launchers.detect(launcher_job.worker_env("deepspeed", 1, 2, 29500))
-    assert found == launchers.Launch("deepspeed", 1, 2, 1, 0, None, 0)
+    assert found == launchers.Launch("deepspeed", 1, 2, 1, 0, None, 0, local_world_size=2)
     assert launchers.detect({"PATH": "/usr/bin"}) == launchers.Launch(None, None, None, None, None, None, 0)
 
 

@@ -75,7 +75,7 @@ def test_readme_demo_names_the_stalled_rank(tmp_path: Path) -> None:
     assert "HANG: rank 2 never reached all_reduce" in out.stdout and "stall_in_compute" in out.stdout
     # the stalled rank's stack and the waiters' place read like a traceback, with their source lines
     assert "    File \"" in out.stdout and "      time.sleep(3600)" in out.stdout
-    assert "ranks 0-1, 3 -> rank 2 in all_reduce #4 of group 0 (default_pg), at train.py:109 in main: dist.all_reduce(grad)" in out.stdout
+    assert "ranks 0-1, 3 -> rank 2 in all_reduce #4 of group 0 [0-3] (world), at train.py:109 in main: dist.all_reduce(grad)" in out.stdout
 
 
 def test_torn_down_crash_is_accepted_only_with_its_evidence() -> None:
@@ -89,3 +89,22 @@ def test_torn_down_crash_is_accepted_only_with_its_evidence() -> None:
     assert check(scenario, report, [0, 1, 2])  # a survivor saw something: the crash must be named
     report["failures"] = [{"rank": r, "kind": "terminated"} for r in (0, 1)]
     assert check(scenario, report, [0, 1, 2])  # rank 2 was not stopped by the launcher
+
+
+def test_mesh_dp_hang_names_the_dp_group_by_members(tmp_path: Path) -> None:
+    run_scenario(SCENARIOS["mesh_dp_hang"], tmp_path)
+    text = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path), "-q"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
+    assert "HANG: rank 3 never reached all_reduce #4 of group " in text and "[1, 3] (dp); rank 1 waits" in text, text
+
+
+def test_sigkilled_rank_host_is_inferred(tmp_path: Path) -> None:
+    import socket
+
+    run_scenario(SCENARIOS["sigkill"], tmp_path)
+    text = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path), "-q"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
+    assert f"  where       host {socket.gethostname()} (node 0, local rank 3; inferred: " in text, text
+    hosts = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path), "-q", "--hosts"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert hosts.stdout.split() == [socket.gethostname()] and "rank 3: host" in hosts.stderr
