@@ -279,7 +279,23 @@ def _evidence_line(report: dict[str, Any]) -> str:
     return (f"evidence: {len(r['dumped'])} of {r['expected']} ranks dumped" + (f" ({named})" if named else "")
             + (f"; no dump from {rank_text(r['missing'])}" if r["missing"] else "")
             + (f"; unreadable {rank_text(r['unreadable'])}" if r["unreadable"] else "")
-            + (f"; stale {rank_text(r['stale'])}" if r.get("stale") else ""))
+            + (f"; stale {rank_text(r['stale'])}" if r.get("stale") else "") + _age_text(report))
+
+
+def _age_text(report: dict[str, Any]) -> str:
+    """For dumps of a running job (snapshots, dump-now): how old the ranks' states are at the newest dump,
+    the oldest rank named, so that a rank seen in an op is not taken for one stuck there now."""
+    r = report["ranks"]
+    ages = r.get("evidence_age_s") or {}
+    if not r.get("running") or not ages:
+        return ""
+    oldest = max(ages.values())
+    ranks = sorted(int(k) for k, v in ages.items() if v == oldest)
+    newest = (report.get("jobs") or {}).get("analysed", {}).get("dump_time_ns")
+    at = f" ({_clock(newest / 1e9)})" if isinstance(newest, int) else ""
+    spread = f"0-{oldest:.1f} s old" if oldest > 0 else "all taken at once"
+    return (f"; snapshots of a running job, {spread} at the newest dump{at}"
+            + (f", oldest: {who(ranks)}" if oldest > 0 else ""))
 
 
 def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbose: bool) -> list[str]:
