@@ -505,7 +505,9 @@ def _next_steps(report: dict[str, Any], folder: str | None, verbose: bool) -> li
     """What to run next, with this folder filled in."""
     folders = report.get("folders") or [folder or report.get("folder") or "DIR"]
     where = " ".join(map(str, folders))
-    culprit = report["root_causes"][0]["rank"] if report["root_causes"] else None
+    usable = set(report["ranks"]["dumped"]) - set(report["ranks"].get("stale") or [])
+    named = [r for c in report["root_causes"] for r in c.get("ranks") or [c["rank"]]]
+    culprit = next((r for r in named if r in usable), None)  # `show` fails for a rank without a dump
     first = ([] if verbose else [f"flightrec analyze {where} -v"]) + [f"flightrec analyze {where} --html report.html"]
     second = ([f"flightrec show {where} --rank {culprit}"] if culprit is not None else []) + [
         f"flightrec export {where} --trace trace.json"] + ([f"flightrec notebook {where}"] if len(folders) == 1 else [])
