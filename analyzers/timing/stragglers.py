@@ -824,18 +824,20 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
         })
     result.stragglers.sort(key=lambda s: -s["cost_ms"])  # what each cost the others, most first
     if estimated:
-        _estimated_note(result, estimated, per)
+        _estimated_note(result, estimated, rank_scores(lateness, MIN_LATE_MS, holds))
     result.window_ms = round(window / 1e6, 3)
     _attribute_groups(result.stragglers, members or {})
     return result
 
 
-def _estimated_note(result: SlowResult, estimated: int, per: pd.DataFrame) -> None:
+def _estimated_note(result: SlowResult, estimated: int, exact: pd.DataFrame) -> None:
     """Say once, short, that C++-issued ops' ends are estimated, only where it changes the answer: a slow
-    rank's figures rest on them, or a rank late by more than MIN_LATE_MS but under the raised bar was
-    not counted as slow."""
-    late = per["late_ms_median"].to_numpy(dtype=float) if len(per) else np.zeros(0)
-    near = [int(r) for r in per.index[(late >= MIN_LATE_MS) & (late < ESTIMATED_MIN_LATE_MS)]] if len(per) else []
+    rank's figures rest on them, or a rank that the bar for measured ends (`exact`: scored at MIN_LATE_MS)
+    would call persistently slow stays under the raised one."""
+    late = exact["late_ms_median"].to_numpy(dtype=float) if len(exact) else np.zeros(0)
+    would = ((exact["score"] >= MIN_SCORE) & (exact["vote_share"] >= exact["min_share"])).to_numpy(dtype=bool) \
+        if len(exact) else np.zeros(0, dtype=bool)
+    near = [int(r) for r in exact.index[would & (late >= MIN_LATE_MS) & (late < ESTIMATED_MIN_LATE_MS)]]
     if not result.stragglers and not near:
         return
     why = (f"; rank(s) {ranges(near)} were {MIN_LATE_MS:g}-{ESTIMATED_MIN_LATE_MS:g} ms late, under that bar"
