@@ -55,6 +55,8 @@ from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
 SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
 # flightrec.control.RUNNING: dumps of a running job (a snapshot; a rank whose hang recovered, control.RECOVERED)
 RUNNING_REASONS = (SNAPSHOT_REASON, "recovered")
+# ... and a dump asked for by `flightrec dump-now` (a snapshot by hand): the job ran on after it
+LIVE_REASONS = (*RUNNING_REASONS, "manual")
 
 NO_DUMP_TEXT = "no dump file (crashed, killed, or frozen before it could dump)"
 
@@ -332,6 +334,7 @@ class Analysis:
                 "missing": self.missing,
                 "unreadable": self.unreadable,
                 "stale": self.stale,
+                **self._evidence_age(),
             },
             "jobs": self._data.jobs or {"analysed": {}, "ignored": []},
             "attempts": self._data.attempts or {"analysed": 0, "others": []},
@@ -356,6 +359,18 @@ class Analysis:
                 for g, d, b, r, how in self.groups[["group", "desc", "backend", "ranks", "membership"]].itertuples(index=False)
             ],
         }
+
+    def _evidence_age(self) -> dict[str, Any]:
+        """How old each rank's evidence is: seconds its dump was written before the job's newest dump
+        (`evidence_age_s`, ranks whose dump has a time), and the ranks whose dump is of a running job
+        (`running`: a snapshot, a dump-now, a stall that recovered), whose states are from those moments."""
+        times = {r: d.meta.get("dump_time_ns") for r, d in self.dumps.items()}
+        times = {r: t for r, t in times.items() if isinstance(t, int) and t > 0}
+        newest = max(times.values(), default=0)
+        running = sorted(r for r, d in self.dumps.items()
+                         if str(d.meta.get("reason") or "").split(":", 1)[0] in LIVE_REASONS)
+        return {"evidence_age_s": {str(r): round((newest - t) / 1e9, 3) for r, t in sorted(times.items())},
+                "running": running}
 
     def _diverged_detail(self, cause: dict[str, Any]) -> dict[str, Any]:
         """A root cause's detail, with where its rank's stream diverged in that group (if it did)."""

@@ -35,6 +35,17 @@ def _fail(message: str, hint: str | None = None) -> None:
     sys.exit(EXIT_UNUSABLE)
 
 
+def _no_files(folders: tuple[str | Path, ...], command: str) -> None:
+    """A dump file given where a folder is expected: say so, with the command to run on its folder."""
+    for given in folders:
+        path = Path(str(given))
+        if "://" not in str(given) and path.is_file():
+            parent = str(path.parent)
+            rank = rank_from_name(path.name)
+            hint = f"flightrec {command} {parent}" + (f" --rank {rank}" if command == "show" and rank is not None else "")
+            _fail(f"{given} is a file, not a folder: pass the folder of the job's dumps, e.g. {hint}")
+
+
 @click.command("analyze")
 @click.argument("folders", metavar="FOLDER...", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Report format.")
@@ -62,6 +73,7 @@ def analyze_command(folders: tuple[str, ...], fmt: str, dot: Path | None, worker
     from .reading.progress import ReadProgress
     from .reporting.render import text_report, to_dot
 
+    _no_files(folders, "analyze")
     bar = ReadProgress(enabled=not quiet, force=force_progress)
     try:
         analysis = load(list(folders), workers=workers, progress=bar.progress, on_count=bar.on_count, attempt=attempt,
@@ -134,6 +146,7 @@ def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attemp
     from .reading.sites import to_user_sites
     from .reporting.render import entry_table
 
+    _no_files(folders, "show")
     try:
         files = [f for folder in dict.fromkeys(folders) for f in discover(folder)]
     except UnusableInput as exc:
@@ -142,6 +155,7 @@ def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attemp
     named = [f for f in files if rank_from_name(f.name) == rank]
     got, problems = _rank_dump(named, files, rank, attempt)
     if got is not None:
+        _warn_if_stale(got, files)
         table = to_user_sites(concat_entries([got.entries]), {rank: got})
         click.echo(entry_table(table, rank, group, got.meta.get("wall_offset_ns")))
         return
@@ -149,6 +163,23 @@ def show_command(folders: tuple[Path, ...], rank: int, group: str | None, attemp
     where = " ".join(map(str, folders))
     _fail(f"rank {rank}: no readable dump in {where}" + (f" ({'; '.join(problems)})" if problems else ""),
           f"ranks with a dump file there: {ranges(have)}" if have else None)
+
+
+def _warn_if_stale(got: RankDump, files: list[Path]) -> None:
+    """Warn as `analyze` does when the rank's dump is stale next to its peers' (one rule: jobs.find_stale);
+    the peers are read by their summaries only."""
+    from .reading.jobs import find_stale
+
+    peers: dict[int, RankDump] = {got.rank: got}
+    for path in files:
+        if rank_from_name(path.name) not in (None, got.rank):
+            peer = read_path(str(path), summary=True)
+            if isinstance(peer, RankDump) and peer.meta.get("job_id") == got.meta.get("job_id"):
+                peers.setdefault(peer.rank, peer)
+    stale = find_stale(peers).stale.get(got.rank)
+    if stale is not None:
+        click.echo(f"flightrec: warning: rank {got.rank}: {stale.text()}; "
+                   "`flightrec analyze` takes it as no current state", err=True)
 
 
 def _rank_dump(named: list[Path], files: list[Path], rank: int, attempt: int | None) -> tuple[RankDump | None, list[str]]:
@@ -189,6 +220,7 @@ def export_command(folders: tuple[str, ...], out: Path | None, workers: int | No
 
     if out is None and trace is None:
         raise click.UsageError("nothing to write: give --out FILE (Parquet), --trace FILE (timeline), or both")
+    _no_files(folders, "export")
     try:
         analysis = load(list(folders), workers=workers, attempt=attempt)
     except UnusableInput as exc:

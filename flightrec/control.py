@@ -79,12 +79,13 @@ class _Armed:
         except Exception as exc:  # noqa: BLE001 - disable() must not fail the job
             log.warn_once("release", f"could not let go of the process groups: {exc!r}")
 
-    def dump(self, reason: str, detail: str | None = None, **extra: Any) -> bool:
-        """Write this rank's dump; False (with a warning) when the folder cannot take it."""
+    def dump(self, reason: str, detail: str | None = None, on_demand: bool = False, **extra: Any) -> bool:
+        """Write this rank's dump; False (with a warning) when the folder cannot take it. `on_demand`: asked
+        for by `flightrec dump-now` (a snapshot taken by hand), so the periodic snapshots may replace it."""
         with self.dump_lock:
             self._dumping_thread = threading.get_ident()
             try:
-                written = self._write(reason, detail, extra)
+                written = self._write(reason, detail, extra, on_demand)
             finally:
                 self._dumping_thread = None
         self.term.run_deferred()  # a SIGTERM that arrived during the write: dump again and die
@@ -103,7 +104,8 @@ class _Armed:
                   exception={"type": type(exc).__name__, "message": str(exc)[:4000], "thread": thread,
                              "traceback": frames[-64:], "code": code[-64:]})
 
-    def _write(self, reason: str, detail: str | None, extra: dict[str, Any] | None = None) -> bool:
+    def _write(self, reason: str, detail: str | None, extra: dict[str, Any] | None = None,
+               on_demand: bool = False) -> bool:
         try:
             is_rank = joined() or self.recorder.ring.recorded > 0
             if process_rank()[0] < 0 and not is_rank:
@@ -134,6 +136,7 @@ class _Armed:
             return False
         if reason not in RUNNING:  # a snapshot says nothing about the ops in flight: their timeouts still fire
             self.watchdog.dumped_now()
+        if reason not in RUNNING and not on_demand:  # a dump-now is a snapshot by hand: later snapshots replace it
             self.evidence_written, self.evidence_reason = True, reason
             self._recoveries_at_evidence = self.watchdog.recovered_count
         if reason in FAILURE_REASONS:

@@ -85,23 +85,34 @@ def _parse_buffer(raw: str) -> int:
     return value
 
 
-def _parse_timeout(raw: str) -> float:
+DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}  # FLIGHTREC_TIMEOUT=30s, 5m, 1h, 500ms
+DURATION_FORMS = "seconds (30, 2.5) or a number with a unit: 500ms, 30s, 5m, 1h"
+
+
+def _seconds(name: str, raw: str) -> float:
+    """`raw` in seconds: a bare number is seconds; ms, s, m and h suffixes are read as such."""
+    text = raw.strip().lower()
+    unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), None)
     try:
-        value = float(raw.strip())
+        value = float(text[: -len(unit)] if unit else text) * DURATION_UNITS.get(unit or "s", 1.0)
     except ValueError:
-        raise SettingsError(f"FLIGHTREC_TIMEOUT={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise SettingsError(f"FLIGHTREC_TIMEOUT={raw!r} must be a positive number of seconds")
+        raise SettingsError(f"{name}={raw!r} is not a duration: give {DURATION_FORMS}") from None
+    if not math.isfinite(value):
+        raise SettingsError(f"{name}={raw!r} is not a finite duration: give {DURATION_FORMS}")
+    return value
+
+
+def _parse_timeout(raw: str) -> float:
+    value = _seconds("FLIGHTREC_TIMEOUT", raw)
+    if value <= 0:
+        raise SettingsError(f"FLIGHTREC_TIMEOUT={raw!r} must be a positive duration: {DURATION_FORMS}")
     return value
 
 
 def _parse_snapshot(raw: str) -> float:
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise SettingsError(f"FLIGHTREC_SNAPSHOT_S={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise SettingsError(f"FLIGHTREC_SNAPSHOT_S={raw!r} must be 0 (off) or a positive number of seconds")
+    value = _seconds("FLIGHTREC_SNAPSHOT_S", raw)
+    if value < 0:
+        raise SettingsError(f"FLIGHTREC_SNAPSHOT_S={raw!r} must be 0 (off) or a positive duration: {DURATION_FORMS}")
     return value
 
 

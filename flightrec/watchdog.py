@@ -46,7 +46,7 @@ def describe(entry: Entry) -> str:
 
 
 class Watchdog:
-    def __init__(self, rec: Recorder, settings: Settings, dump: Callable[[str, str | None], bool],
+    def __init__(self, rec: Recorder, settings: Settings, dump: Callable[..., bool],
                  term: TermHandler) -> None:
         self.rec = rec
         self.settings = settings
@@ -170,9 +170,9 @@ class Watchdog:
                 return
         gil.tick(grace_s)
 
-    def _dump(self, reason: str, detail: str | None) -> bool:
+    def _dump(self, reason: str, detail: str | None, on_demand: bool = False) -> bool:
         self._watch_gil(LONGEST_STORE_CALL_S)  # a dump takes this thread a while: no stacks for that
-        return self._dump_fn(reason, detail)
+        return self._dump_fn(reason, detail, on_demand=on_demand)
 
     def _tick(self) -> None:
         self._watch_gil()
@@ -204,7 +204,7 @@ class Watchdog:
         self.check_recovery()
         reason = self.files.poll()
         if reason is not None:
-            self._dump("manual" if reason == "manual" else reason, "dump requested through the dump folder")
+            self._dump(reason, "dump requested through the dump folder", on_demand=True)
         if self.settings.snapshot_s > 0 and now >= self._next_snapshot:
             self._next_snapshot = now + self.settings.snapshot_s  # written here: the training thread never waits
             self._dump("snapshot", f"every {self.settings.snapshot_s:g} s (FLIGHTREC_SNAPSHOT_S)")

@@ -122,7 +122,8 @@ def _plots(a: Analysis) -> list[str]:
 
         figures = plots.all_figures(a)
     except ImportError as exc:
-        return out + [f'<p class="muted">{escape(str(exc))}</p>']
+        return out + [f'<p class="muted">No plots: they need matplotlib ({escape(str(exc))}); '
+                      "<code>pip install 'flightrec[notebook]'</code> adds it. The rest of this page is complete.</p>"]
     skipped = []
     for title, fig in figures.items():
         note = getattr(fig, "flightrec_note", None)

@@ -289,7 +289,23 @@ def _evidence_line(report: dict[str, Any]) -> str:
     return (f"evidence: {len(r['dumped'])} of {r['expected']} ranks dumped" + (f" ({named})" if named else "")
             + (f"; no dump from {rank_text(r['missing'])}" if r["missing"] else "")
             + (f"; unreadable {rank_text(r['unreadable'])}" if r["unreadable"] else "")
-            + (f"; stale {rank_text(r['stale'])}" if r.get("stale") else ""))
+            + (f"; stale {rank_text(r['stale'])}" if r.get("stale") else "") + _age_text(report))
+
+
+def _age_text(report: dict[str, Any]) -> str:
+    """For dumps of a running job (snapshots, dump-now): how old the ranks' states are at the newest dump,
+    the oldest rank named, so that a rank seen in an op is not taken for one stuck there now."""
+    r = report["ranks"]
+    ages = r.get("evidence_age_s") or {}
+    if not r.get("running") or not ages:
+        return ""
+    oldest = max(ages.values())
+    ranks = sorted(int(k) for k, v in ages.items() if v == oldest)
+    newest = (report.get("jobs") or {}).get("analysed", {}).get("dump_time_ns")
+    at = f" ({_clock(newest / 1e9)})" if isinstance(newest, int) else ""
+    spread = f"0-{oldest:.1f} s old" if oldest > 0 else "all taken at once"
+    return (f"; snapshots of a running job, {spread} at the newest dump{at}"
+            + (f", oldest: {who(ranks)}" if oldest > 0 else ""))
 
 
 def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbose: bool) -> list[str]:
@@ -538,7 +554,9 @@ def _next_steps(report: dict[str, Any], folder: str | None, verbose: bool) -> li
     """What to run next, with this folder filled in."""
     folders = report.get("folders") or [folder or report.get("folder") or "DIR"]
     where = " ".join(map(str, folders))
-    culprit = report["root_causes"][0]["rank"] if report["root_causes"] else None
+    usable = set(report["ranks"]["dumped"]) - set(report["ranks"].get("stale") or [])
+    named = [r for c in report["root_causes"] for r in c.get("ranks") or [c["rank"]]]
+    culprit = next((r for r in named if r in usable), None)  # `show` fails for a rank without a dump
     first = ([] if verbose else [f"flightrec analyze {where} -v"]) + [f"flightrec analyze {where} --html report.html"]
     second = ([f"flightrec show {where} --rank {culprit}"] if culprit is not None else []) + [
         f"flightrec export {where} --trace trace.json"] + ([f"flightrec notebook {where}"] if len(folders) == 1 else [])

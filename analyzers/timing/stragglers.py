@@ -24,6 +24,7 @@ from ..constants import MIN_LATE_MS
 from ..diagnosis.transfers import Transfers, pair_transfers
 from ..keys import dense_ids, first_rows, fits_int32, group_ids, ids_within_ranks, is_value, pack_keys
 from ..reading.sample import MIN_COMPUTE_NS, compute_gaps
+from ..textutil import ranges
 
 MIN_SCORE = 3.5  # robust z-score a persistent straggler must reach
 MIN_VOTE_SHARE = 0.6  # ... and hold the most own lateness in at least this share of its collectives
@@ -764,11 +765,6 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
     entries, estimated = _estimated_completions(entries, wall_offsets)
     lateness = collective_lateness(entries, group_sizes, run_parts)
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))
-    if estimated:
-        result.notes.append(f"{estimated} collectives (issued from C++, e.g. DDP's Reducer) have a measured start but "
-                            "no recorded end: their end is taken as the last member's start on the wall clocks, short "
-                            "by the transfer time and off by the hosts' clock offsets (exact on one host); a rank "
-                            f"must then be {ESTIMATED_MIN_LATE_MS:g} ms late, not {MIN_LATE_MS:g}, to count as slow")
     untimed = int(entries["is_async"].to_numpy(dtype=bool, na_value=False).sum()) if len(entries) else 0
     if untimed:
         result.notes.append(f"{untimed} async ops are left out of the timing: their completion says when the backend "
@@ -827,9 +823,27 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
             "channels": channels, "instances": involved,
         })
     result.stragglers.sort(key=lambda s: -s["cost_ms"])  # what each cost the others, most first
+    if estimated:
+        _estimated_note(result, estimated, rank_scores(lateness, MIN_LATE_MS, holds))
     result.window_ms = round(window / 1e6, 3)
     _attribute_groups(result.stragglers, members or {})
     return result
+
+
+def _estimated_note(result: SlowResult, estimated: int, exact: pd.DataFrame) -> None:
+    """Say once, short, that C++-issued ops' ends are estimated, only where it changes the answer: a slow
+    rank's figures rest on them, or a rank that the bar for measured ends (`exact`: scored at MIN_LATE_MS)
+    would call persistently slow stays under the raised one."""
+    late = exact["late_ms_median"].to_numpy(dtype=float) if len(exact) else np.zeros(0)
+    would = ((exact["score"] >= MIN_SCORE) & (exact["vote_share"] >= exact["min_share"])).to_numpy(dtype=bool) \
+        if len(exact) else np.zeros(0, dtype=bool)
+    near = [int(r) for r in exact.index[would & (late >= MIN_LATE_MS) & (late < ESTIMATED_MIN_LATE_MS)]]
+    if not result.stragglers and not near:
+        return
+    why = (f"; rank(s) {ranges(near)} were {MIN_LATE_MS:g}-{ESTIMATED_MIN_LATE_MS:g} ms late, under that bar"
+           if near else "")
+    result.notes.append(f"{estimated} C++-issued collectives (DDP) have no recorded end: their end is estimated, "
+                        f"and a rank must be {ESTIMATED_MIN_LATE_MS:g} ms late to count as slow{why}")
 
 
 def _attribute_groups(stragglers: list[dict[str, Any]], members: dict[str, list[int]]) -> None:

@@ -43,7 +43,7 @@ def test_json_report_contract(scenario):
     report = json.loads(result.output)
     assert REQUIRED <= set(report)
     assert report["verdict"] in {"healthy", "hang", "desync", "deadlock", "crash"}
-    assert set(report["ranks"]) == {"expected", "dumped", "missing", "unreadable", "stale"}
+    assert set(report["ranks"]) == {"expected", "dumped", "missing", "unreadable", "stale", "evidence_age_s", "running"}
     for c in report["root_causes"]:
         assert {"rank", "kind", "group", "seq", "op", "detail"} <= set(c)
     for w in report["waits"]:

@@ -37,3 +37,29 @@ def test_the_same_op_in_a_timeout_dump_is_a_hang(tmp_path: Path) -> None:
 def test_an_op_older_than_its_timeout_is_a_hang_even_in_a_snapshot(tmp_path: Path) -> None:
     report = _report(_job("snapshot", 1e-6), tmp_path)
     assert report["verdict"] == "hang" and [c["rank"] for c in report["root_causes"]] == [1]
+
+
+def test_snapshots_say_how_old_each_ranks_evidence_is(tmp_path: Path) -> None:
+    """Snapshots of a running job are written at different moments: the report says, per rank, how long
+    before the newest dump each was taken, and the first screen gives the spread and the oldest rank."""
+    from analyzers.reporting.render import text_report
+
+    job = _job("snapshot", 60)
+    newest = job.dump(0)["dump_time_ns"]
+    for rank, age_s in ((0, 0.0), (1, 3.5)):
+        job.set(rank, dump_time_ns=newest - int(age_s * 1e9))
+    analysis = analyzers.load(job.write(tmp_path))
+    report = analysis.report()
+    assert report["ranks"]["evidence_age_s"] == {"0": 0.0, "1": 3.5}
+    assert report["ranks"]["running"] == [0, 1]
+    evidence = text_report(report, analysis.graph).splitlines()[1]
+    assert "snapshots of a running job, 0-3.5 s old at the newest dump" in evidence and "oldest: rank 1" in evidence
+
+
+def test_dumps_of_an_ended_job_carry_no_snapshot_age_line(tmp_path: Path) -> None:
+    from analyzers.reporting.render import text_report
+
+    analysis = analyzers.load(_job("timeout", 60).write(tmp_path))
+    report = analysis.report()
+    assert report["ranks"]["running"] == [] and set(report["ranks"]["evidence_age_s"]) == {"0", "1"}
+    assert "snapshots" not in text_report(report, analysis.graph).splitlines()[1]

@@ -47,13 +47,25 @@ def test_invalid_values_name_the_variable(name: str, value: str) -> None:
         load_settings({name: value})
 
 
+@pytest.mark.parametrize("raw,seconds", [("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("500ms", 0.5),
+                                         ("45", 45.0), (" 2.5S ", 2.5)])
+def test_timeout_takes_a_duration_with_its_unit(raw: str, seconds: float) -> None:
+    assert load_settings({"FLIGHTREC_TIMEOUT": raw}).timeout_s == seconds
+    assert load_settings({"FLIGHTREC_SNAPSHOT_S": raw}).snapshot_s == seconds
+
+
+def test_an_unreadable_timeout_names_the_accepted_forms() -> None:
+    with pytest.raises(SettingsError, match=r"FLIGHTREC_TIMEOUT='5 minutes'.*500ms, 30s, 5m, 1h"):
+        load_settings({"FLIGHTREC_TIMEOUT": "5 minutes"})
+
+
 def test_invalid_value_turns_the_recorder_off_not_the_job() -> None:
     code = "import torch.distributed as d, flightrec.control as c; print('armed' if c.current() else 'off')"
     env = dict(os.environ, FLIGHTREC="1", FLIGHTREC_TIMEOUT="soon")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "off"
     lines = [line for line in out.stderr.splitlines() if "flightrec" in line]
-    assert len(lines) == 1 and "FLIGHTREC_TIMEOUT='soon'" in lines[0]
+    assert len(lines) == 1 and "FLIGHTREC_TIMEOUT='soon'" in lines[0] and "30s, 5m" in lines[0]
 
 
 def test_startup_hook_arms_only_when_asked() -> None:
