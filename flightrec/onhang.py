@@ -18,7 +18,8 @@ and had entered it (then the abort line says "suspect unknown"). Ties are never 
 named. A rank that is not a suspect, while a suspect that answered (alive, so it aborts on its own) is
 still up, holds its exit up to HOLD_FOR_SUSPECT_S past its grace period: the suspect exits first, so
 torchrun's "Root Cause (first observed failure)" is the suspect (torchrun stops the others with SIGTERM,
-which ends them at once with the same line). Each rank also writes its abort line into torchrun's error
+which ends them at once with the same line; an op of theirs that fails because the suspect's connections
+closed waits AFTER_SUSPECT_S first, for the same reason). Each rank also writes its abort line into torchrun's error
 file (TORCHELASTIC_ERROR_FILE) so the root-cause section shows it, suspect named, whichever rank it is.
 """
 
@@ -43,6 +44,10 @@ HANG_REQUEST = "timeout on rank"  # how a peer request caused by a timeout begin
 UNCONFIRMED_REQUEST = "possible hang on rank"  # a timeout that may be a long compute phase: never aborts
 FLUSH_BOUND_S = 2.0  # a stream blocked on a full pipe must not keep a hung process alive
 POSITIONS_KEY = "flightrec/hang-position"  # + /<restart attempt>/<group>/<seq>: the members' answers
+# An innocent rank whose op fails because the suspect exited (its connections closed) waits this long
+# before it exits: the launcher (torchrun polls every 0.1 s by default) sees the suspect's exit alone
+# first, then stops this rank with SIGTERM, which ends it at once.
+AFTER_SUSPECT_S = 1.0
 HOLD_FOR_SUSPECT_S = 2.0  # past the grace period: a suspect's own deadline, one store poll later, plus the launcher's poll
 _PEER = re.compile(r"^(?:timeout|possible hang) on rank (\S+): (.*)$", re.S)
 
@@ -175,6 +180,21 @@ class HangAction:
         self.held = True
         self.abort_at = time.monotonic() + self.settings.abort_grace_s + HOLD_FOR_SUSPECT_S
         return True
+
+    def peer_ended(self, me: int | None, block: bool) -> None:
+        """An op failed while this rank's hang dump is final: a peer ended (the suspect, or a rank at its own
+        deadline). Exit, AFTER_SUSPECT_S later when this rank is not a suspect and a suspect answered, so
+        that the launcher's first failure is the suspect. `block`: wait and exit here (the op's calling
+        thread, never returns); else bring the watchdog's deadline forward."""
+        sus = self.suspects
+        innocent = me is not None and sus is not None and bool(sus.behind) and me not in sus.ranks
+        wait = AFTER_SUSPECT_S if innocent else 0.0
+        if block:
+            time.sleep(wait)  # a SIGTERM meanwhile ends the process from the watchdog thread
+            self.abort()
+        self.held = True
+        now = time.monotonic()
+        self.abort_at = min(self.abort_at if self.abort_at is not None else now + wait, now + wait)
 
     def suspect_text(self) -> str:
         """Who the abort line names; never a guess: 'suspect unknown' when the answers do not tell."""

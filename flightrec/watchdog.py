@@ -294,6 +294,7 @@ class Watchdog:
         detail = f"{describe(oldest)} incomplete after {waited:.1f}s{limits.note(oldest.group)}"
         if self.last_dump_mono_ns > oldest.t_enqueue_ns:
             self.hang.hung(detail, True)  # the dump taken while it was pending (e.g. a peer asked first) shows it
+            self._answer(detail)
             self._watch(oldest, detail)
             return
         written = self._dump("timeout", detail)
