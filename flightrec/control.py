@@ -11,7 +11,7 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-from . import log
+from . import launchers, log
 from .dumper import build_dump, joined, process_rank, warn_write_failed, write_dump
 from .entry import Entry
 from .patching import Patcher
@@ -151,6 +151,11 @@ class _Armed:
         return self.evidence_written and not superseded
 
     def _on_failure(self, entry: Entry, in_calling_thread: bool) -> None:
+        if self.watchdog.hang.dump_is_final:  # FLIGHTREC_ON_HANG=abort: a peer (the suspect) aborted first and
+            if in_calling_thread:  # closed its connections: end, saying why, as on SIGTERM
+                self.watchdog.discard_unused_stacks()
+            self.watchdog.hang.peer_ended(launchers.known_rank(), block=in_calling_thread)
+            return
         dumped = False
         if in_calling_thread:  # the exception may end the process: write before re-raising
             dumped = self.dump("op_failed", f"{entry.op} group={entry.group} seq={entry.seq}: {entry.error}")

@@ -98,6 +98,31 @@ class StoreTrigger:
             return False
 
 
+    def append(self, key: str, text: str) -> bool:
+        """Append `text` to `key` (one call: every rank may append to the same key at once)."""
+        store = self._connect()
+        if store is None:
+            return False
+        try:
+            store.append(key, text)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once("store-append", f"could not tell the other ranks where this rank is ({exc})")
+            return False
+
+    def read(self, key: str) -> str | None:
+        """`key`'s value, "" when it is not set; None when the store cannot say (never waits for the key)."""
+        store = self._connect()
+        if store is None:
+            return None
+        try:
+            if not store.check([key]):
+                return ""
+            return bytes(store.get(key)).decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001 - no news this tick
+            return None
+
+
 class FileTrigger:
     """`flightrec dump-now DIR` writes DIR/.flightrec-dump-request; each change is one request."""
 

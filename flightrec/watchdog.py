@@ -20,7 +20,7 @@ from .dumper import dump_filename, joined, process_rank, restart_attempt
 from .entry import Entry, format_site
 from .gilwatch import GilWatch, limit_for
 from .group_timeouts import Limits, derive_limits, unsafe_setting, warning_text
-from .onhang import HANG_REQUEST, UNCONFIRMED_REQUEST, HangAction, peer_what
+from .onhang import HANG_REQUEST, UNCONFIRMED_REQUEST, HangAction, find_suspects, parse_answers, peer_what, position_key
 from .recorder import Recorder
 from .settings import Settings
 from .signals import TermHandler
@@ -68,6 +68,7 @@ class Watchdog:
         self._next_store_poll = 0.0
         self._next_snapshot = time.monotonic() + settings.snapshot_s
         self._last_peer_request = -1e18
+        self._answered: set[str] = set()  # hang positions this rank told the store where it is (onhang.py)
         self.last_dump_mono_ns = 0
         self._recorded_seen = -1  # ring.recorded at the last change, and when it changed: see _silent_cpp_op
         self._recorded_since_ns = 0
@@ -180,8 +181,10 @@ class Watchdog:
             self.term.handle_from_watchdog()
             return
         if self.hang.due():
-            self.discard_unused_stacks()  # os._exit follows: no atexit
-            self.hang.abort()  # FLIGHTREC_ON_HANG=abort: the others had their grace period; never returns
+            self._read_suspects()
+            if not self.hang.hold(launchers.known_rank()):  # a suspect that answered exits first
+                self.discard_unused_stacks()  # os._exit follows: no atexit
+                self.hang.abort()  # FLIGHTREC_ON_HANG=abort: the others had their grace period; never returns
         self._handle_failures()
         rec = self.rec
         now = time.monotonic()
@@ -211,12 +214,17 @@ class Watchdog:
         if self._stop.is_set() or now < self._next_store_poll:
             return  # no new store call once stopping: it could outlast the join
         self._next_store_poll = now + _STORE_POLL_EVERY_S
+        if self.hang.abort_at is not None:
+            self._read_suspects()  # for the abort line, should the launcher's SIGTERM come first
         request = self.store.poll()
         if request is not None:
             written = self._dump("peer_request", request[1])
             if request[1].startswith((HANG_REQUEST, UNCONFIRMED_REQUEST)):
                 what = peer_what(request[1])
-                self.hang.hung(what, written, confirmed=request[1].startswith(HANG_REQUEST))
+                confirmed = request[1].startswith(HANG_REQUEST)
+                self.hang.hung(what, written, confirmed=confirmed)
+                if confirmed:
+                    self._answer(what)
                 self._watch_position(what)
 
     def _handle_failures(self) -> None:
@@ -286,11 +294,13 @@ class Watchdog:
         detail = f"{describe(oldest)} incomplete after {waited:.1f}s{limits.note(oldest.group)}"
         if self.last_dump_mono_ns > oldest.t_enqueue_ns:
             self.hang.hung(detail, True)  # the dump taken while it was pending (e.g. a peer asked first) shows it
+            self._answer(detail)
             self._watch(oldest, detail)
             return
         written = self._dump("timeout", detail)
         self._ask_peers(f"{HANG_REQUEST} {_rank()}: {detail}")
         self.hang.hung(detail, written)
+        self._answer(detail)
         self._watch(oldest, detail)
 
     # ------------------------------------------------------------------ recovery (recovery.py)
@@ -359,6 +369,36 @@ class Watchdog:
         if last is None or last.state != "unknown" or last.id != recorded - 1 or last.id in self._fired:
             return None
         return last if now - self._recorded_since_ns > limits.seconds(last.group) * 1e9 else None
+
+    # ------------------------------------------------------------------ suspects (onhang.py)
+    def _answer(self, what: str) -> None:
+        """A confirmed hang at `what`'s (group, seq): with FLIGHTREC_ON_HANG=abort, tell the store how far
+        this rank got in that group (once per position), so every rank's abort line can name who holds it.
+        Collectives only: a point-to-point op's position counts per peer."""
+        position = recovery.position_of(what)
+        if self.settings.on_hang != "abort" or position is None or " peer=" in what:
+            return
+        group, seq = position
+        state = next((g for g in self.rec.groups.known() if g.name == group), None)
+        if self.hang.position is None and what == self.hang.what:
+            self.hang.position = (group, seq, list(state.ranks) if state is not None else None)
+        me = launchers.known_rank()
+        key = position_key(restart_attempt(), group, seq)
+        if state is None or me is None or key in self._answered:
+            return  # not a member: it has nothing to say about the group
+        self._answered.add(key)
+        self.store.append(key, f"{me}:{state.coll_seq};")
+
+    def _read_suspects(self) -> None:
+        """The suspects of this rank's hang from the members' answers; kept as they were when the store
+        cannot say."""
+        position = self.hang.position
+        if position is None:
+            return
+        group, seq, members = position
+        text = self.store.read(position_key(restart_attempt(), group, seq))
+        if text is not None:
+            self.hang.suspects = find_suspects(group, seq, parse_answers(text), members)
 
     def _ask_peers(self, reason: str) -> None:
         now = time.monotonic()

@@ -6,8 +6,10 @@ bounded by `launch`'s time limit, which kills every process of the job before it
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from fixtures.launch import launch
 from flightrec import log
 from flightrec.dumper import read_dump
-from flightrec.onhang import ABORT_EXIT_CODE, HangAction
+from flightrec.onhang import ABORT_EXIT_CODE, HangAction, find_suspects, parse_answers, write_error_file
 from flightrec.settings import DEFAULT_ABORT_GRACE_S, Settings, SettingsError, load_settings
 from tests.helpers import entries, load_dump
 
@@ -70,7 +72,15 @@ def test_abort_is_scheduled_once_and_never_on_an_unconfirmed_hang(capsys: pytest
     assert "FLIGHTREC_ON_HANG=wait: the job stays up" in err and "this rank exits in 30 s" in err
 
 
+def _root_cause_rank(output: str) -> int | None:
+    """The rank of torchrun's "Root Cause (first observed failure)" section."""
+    m = re.search(r"Root Cause \(first observed failure\):\n\[\d+\]:\n(?:.*\n){2}\s*rank\s*: (\d+)", output)
+    return int(m.group(1)) if m else None
+
+
 def test_abort_ends_a_hung_torchrun_job_after_every_rank_dumped(tmp_path: Path) -> None:
+    """Rank 2 stalls in compute: every rank's abort line names rank 2 and the dump folder, rank 2 exits
+    first, so torchrun's root cause is rank 2, and its error file puts our line in that section."""
     result = launch(TRAIN, RANKS, tmp_path, HANG, timeout_s=90,
                     env={"FLIGHTREC_TIMEOUT": "1", "FLIGHTREC_ON_HANG": "abort", "FLIGHTREC_ABORT_GRACE_S": str(GRACE_S)})
     out = result.output
@@ -79,11 +89,53 @@ def test_abort_ends_a_hung_torchrun_job_after_every_rank_dumped(tmp_path: Path) 
     assert f"exitcode: {ABORT_EXIT_CODE}" in out, out[-3000:]  # torchrun saw a worker fail with our code
     reasons = {r: load_dump(tmp_path, r)["reason"] for r in range(RANKS)}
     assert reasons[2] == "peer_request" and set(reasons.values()) <= {"timeout", "peer_request"}, reasons
-    aborted = [int(r) for r in re.findall(r"^flightrec: aborting rank (\d+): hung in all_reduce group=0 seq=3 .*"
-                                          rf"; dumps in {re.escape(str(tmp_path))}; FLIGHTREC_ON_HANG=abort", out, re.M)]
-    # each rank once: at the end of its grace period, or when torchrun stops it after the first one exited
-    assert sorted(aborted) == list(range(RANKS)), out[-3000:]
+    lines = dict(re.findall(r"^flightrec: aborting rank (\d+): (hung in all_reduce group=0 seq=3 .*)$", out, re.M))
+    # each rank once: the suspect at the end of its grace period, the others when torchrun stops them
+    assert sorted(int(r) for r in lines) == list(range(RANKS)), out[-3000:]
+    for rank, line in lines.items():
+        mine = "; this rank" if rank == "2" else ""
+        assert f"; suspect: rank 2 (not in group=0 seq=3 yet){mine}; dumps in {tmp_path} on " in line, line
+        assert line.endswith(f"; FLIGHTREC_ON_HANG=abort (exit code {ABORT_EXIT_CODE})"), line
     assert _hung_lines(out) == dict.fromkeys(range(RANKS), 1), out[-3000:]
+    root = out[out.index("Root Cause (first observed failure)"):]
+    assert _root_cause_rank(out) == 2, root[:1500]
+    assert f"exitcode  : {ABORT_EXIT_CODE}" in root and "flightrec: aborting rank 2: " in root, root[:1500]
+
+
+def test_suspects_are_named_from_the_answers_never_guessed() -> None:
+    assert parse_answers("0:3;2:2;bad;3:x;1:3;") == {0: 3, 2: 2, 1: 3}
+    held = find_suspects("0", 3, {0: 3, 1: 3, 2: 2, 3: 3}, [0, 1, 2, 3])
+    assert (held.behind, held.silent) == ([2], []) and held.text(0) == "suspect: rank 2 (not in group=0 seq=3 yet)"
+    assert held.text(2).endswith("; this rank")
+    quiet = find_suspects("0", 3, {0: 3, 1: 3}, [0, 1, 2, 3])  # 2 and 3 never answered: both named, no tie broken
+    assert quiet.text(1) == "suspects: ranks 2, 3 (did not answer the dump request)"
+    both = find_suspects("g", 5, {0: 5, 1: 4}, [0, 1, 2])
+    assert both.text(0) == "suspects: rank 1 (not in group=g seq=5 yet), rank 2 (did not answer the dump request)"
+    assert find_suspects("0", 3, {0: 3, 1: 3}, [0, 1]).text(0) == ""  # everyone is in it: unknown, said so
+    assert find_suspects("0", 3, {0: 3, 5: 1}, None).behind == [5]  # a non-member knows no members: no silent ones
+    action = HangAction(Settings(on_hang="abort", dir="/tmp/d"))
+    action.hung("all_reduce group=0 seq=3 incomplete after 2.0s", written=True)
+    assert "suspect unknown: run flightrec analyze /tmp/d" in action.abort_line()
+    action.suspects = find_suspects("0", 3, {0: 3, 1: 3}, [0, 1])
+    assert "suspect unknown: run flightrec analyze /tmp/d" in action.abort_line() and not action.hold(0)
+    action.suspects = held
+    first = action.abort_at
+    assert not action.hold(2) and action.hold(0) and not action.hold(0)  # an innocent waits once, the suspect never
+    assert action.abort_at is not None and first is not None and action.abort_at > first
+    action.suspects = quiet  # silent suspects cannot exit on their own: nobody waits for them
+    action.held = False
+    assert not action.hold(0)
+
+
+def test_the_abort_line_goes_into_torchruns_error_file(tmp_path: Path) -> None:
+    path = tmp_path / "error.json"
+    write_error_file("flightrec: aborting rank 0: ...", {"TORCHELASTIC_ERROR_FILE": str(path)})
+    data = json.loads(path.read_text())
+    assert data["message"]["extraInfo"]["py_callstack"] == "flightrec: aborting rank 0: ..."
+    assert int(data["message"]["extraInfo"]["timestamp"]) > 0
+    write_error_file("other", {"TORCHELASTIC_ERROR_FILE": str(path)})  # the job's own error file stays
+    assert json.loads(path.read_text()) == data
+    write_error_file("none", {})  # not under torchrun: nothing
 
 
 def test_wait_is_the_default_and_keeps_a_hung_job_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,7 +178,8 @@ def test_after_a_hang_dump_with_abort_no_dump_replaces_it_and_the_watchdog_exits
     assert run.returncode == ABORT_EXIT_CODE, (run.returncode, run.stderr[-3000:])
     assert run.stdout == "True True\nstill buffered", run.stdout
     assert run.stderr.strip().splitlines()[-1] == (
-        f"flightrec: aborting rank 0: hung in all_reduce group=0 seq=7 incomplete after 9.0s; dumps in {tmp_path}; "
+        f"flightrec: aborting rank 0: hung in all_reduce group=0 seq=7 incomplete after 9.0s; suspect unknown: run "
+        f"flightrec analyze {tmp_path}; dumps in {tmp_path} on {socket.gethostname()}; "
         f"FLIGHTREC_ON_HANG=abort (exit code {ABORT_EXIT_CODE})"), run.stderr[-3000:]
     assert read_dump(str(tmp_path / "rank-00000.json.gz"))["reason"] == "api:before"
 
