@@ -16,7 +16,8 @@ def test_healthy(scenario):
     report = analyzers.load(scenario("healthy")).report()
     assert report["verdict"] == "healthy"
     assert report["root_causes"] == [] and report["waits"] == [] and report["mismatches"] == []
-    assert report["ranks"] == {"expected": 4, "dumped": [0, 1, 2, 3], "missing": [], "unreadable": [], "stale": []}
+    assert report["ranks"] == {"expected": 4, "dumped": [0, 1, 2, 3], "missing": [], "unreadable": [], "stale": [],
+                               "evidence_age_s": {"0": 0.0, "1": 0.0, "2": 0.0, "3": 0.0}, "running": []}
 
 
 def test_compute_hang_names_the_rank_and_its_stack(scenario):
