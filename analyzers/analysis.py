@@ -48,7 +48,8 @@ from .reading.columns import SAMPLE_COLUMNS
 from .reading.loader import Dataset, Folders, Progress, load_folder
 from .reading.rankdump import RankDump
 from .reading.sample import SAMPLE_PER_CHANNEL
-from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern
+from .textutil import channel_text, group_text, plural, ranges, straggler_cost, straggler_pattern
+from .timing.late_sites import late_at
 from .timing.shifts import timing_shifts
 from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
 
@@ -348,7 +349,7 @@ class Analysis:
             "mismatches": [m.as_dict() for m in self._matched.mismatches],
             "divergence": self.divergence.items,
             "gaps": self.gaps(),
-            "stragglers": self.slow.stragglers,
+            "stragglers": [s | {"late_at": self._late_at.get(s["rank"], [])} for s in self.slow.stragglers],
             "recovered_stalls": self.recovered_stalls,
             "costs": self.slow.costs,
             "slow_links": self.slow.slow_links,
@@ -391,6 +392,16 @@ class Analysis:
         meta = self.dumps[rank].meta if rank in self.dumps else {}
         return self._hosts.place(rank) | {"dump_reason": meta.get("reason"), "dump_reason_detail": meta.get("reason_detail")}
 
+    @cached_property
+    def _group_texts(self) -> dict[str, str]:
+        """Group name -> `0 [0-3] (world)` (textutil.group_text)."""
+        return {str(g): group_text(g, d, r) for g, d, r in self.groups[["group", "desc", "ranks"]].itertuples(index=False)}
+
+    @cached_property
+    def _late_at(self) -> dict[int, list[dict[str, Any]]]:
+        """Slow rank -> the call sites of the collectives it held up (timing/late_sites.py)."""
+        return late_at(self.slow.stragglers, self.entries)
+
     def _waiter_place(self, w: Wait) -> dict[str, Any]:
         """Where a waiting rank's program is: the call site of the op it waits in (`site`), and the
         innermost frame of its own code in the thread inside that op, else its main thread (`where`,
@@ -400,10 +411,10 @@ class Analysis:
         thread = next((t for t in threads if t.get("in_op") is not None and t.get("in_op") in (w.id, -1)), None) \
             or next((t for t in threads if t.get("is_main")), None)
         found = None
-        if thread is not None:
-            stack = [str(f) for f in thread.get("stack") or []]
-            code = thread.get("code")
-            found = stackview.innermost_user(stack, code if isinstance(code, list) else None)
+        for stack, code in _program_stacks(thread, dump.meta.get("exception") if dump is not None else None):
+            found = stackview.innermost_user(stack, code)
+            if found is not None:
+                break
         return {"site": w.site, "where": found[0] if found else None, "where_code": found[1] if found else None}
 
     def summary(self) -> str:
@@ -426,8 +437,10 @@ class Analysis:
         if verdict == SLOW:
             worst = self.slow.stragglers[0]
             more = len(self.slow.stragglers) - 1
-            return (f"slow: rank {worst['rank']} cost the others {straggler_cost(worst)} ({straggler_pattern(worst)})"
-                    + (f" on {channel_text(worst['channels'][0])}" if worst.get("channels") else "")
+            host = self._hosts.place(worst["rank"]).get("host")
+            return (f"slow: rank {worst['rank']}" + (f" (host {host})" if host else "")
+                    + f" cost the others {straggler_cost(worst)} ({straggler_pattern(worst)})"
+                    + (f" on {channel_text(worst['channels'][0], self._group_texts)}" if worst.get("channels") else "")
                     + (f"; the whole {worst['scope']} is slow" if worst.get("scope", "rank") != "rank" else "")
                     + (f"; {plural(more, 'more slow rank')}" if more else ""))
         if verdict == HEALTHY:
@@ -564,3 +577,18 @@ def _in_flight_at_snapshot(result: WaitResult, dumps: dict[int, RankDump]) -> No
         result.notes.append(f"snapshots of a running job (or dumps of ranks whose stall recovered): the ops in flight on "
                             f"ranks {ranges(young)} were younger than their timeout when the dump was taken, so they are "
                             "not taken as waits")
+
+
+def _program_stacks(thread: dict[str, Any] | None, exc: Any) -> list[tuple[list[str], list[str | None] | None]]:
+    """The stacks that say where a waiting thread's program is, best first: the traceback of the exception
+    it died of (its live stack is then the exception hook's, e.g. after DDP's all-reduce failed inside
+    `loss.backward()`), then its stack when dumped."""
+    out: list[tuple[list[str], list[str | None] | None]] = []
+    if thread is None:
+        return out
+    if isinstance(exc, dict) and exc.get("thread") == thread.get("name") and isinstance(exc.get("traceback"), list):
+        code = exc.get("code")
+        out.append(([str(f) for f in exc["traceback"]], code if isinstance(code, list) else None))
+    code = thread.get("code")
+    out.append(([str(f) for f in thread.get("stack") or []], code if isinstance(code, list) else None))
+    return out

@@ -30,20 +30,26 @@ def is_user_frame(frame: str) -> bool:
 
 
 def excerpt(stack: Sequence[str], code: Sequence[str | None] | None = None, limit: int = STACK_LINES,
-            outer: int = OUTER_USER_FRAMES) -> tuple[list[str], list[str | None]]:
-    """At most `limit` frames of `stack` (outermost first): the outermost `outer` frames of user code and
-    the innermost rest, one `... N frames omitted ...` line where frames were left out; `code` follows."""
+            outer: int = OUTER_USER_FRAMES, user_only: bool = False) -> tuple[list[str], list[str | None]]:
+    """At most `limit` lines of `stack` (outermost first), one `... N frames omitted ...` line per gap:
+    the outermost `outer` frames of user code, the innermost frame (where the thread is), then the
+    innermost frames of user code, then (unless `user_only`) the innermost library frames; `code` follows."""
     frames = list(stack)
     lines = list(code) if code is not None and len(code) == len(frames) else [None] * len(frames)
     if len(frames) <= limit:
         return frames, lines
-    inner_start = len(frames) - (limit - outer - 1)
-    head = [i for i, f in enumerate(frames[:inner_start]) if is_user_frame(f)][:outer]
-    keep = head + list(range(inner_start, len(frames)))
+    user = [i for i, f in enumerate(frames) if is_user_frame(f)]
+    library = [] if user_only else [i for i in reversed(range(len(frames))) if not is_user_frame(frames[i])]
+    keep: set[int] = set()
+    for i in [*user[:outer], len(frames) - 1, *reversed(user), *library]:
+        trial = keep | {i}
+        if len(trial) + _gaps(sorted(trial), len(frames)) > limit:
+            continue
+        keep = trial
     out: list[str] = []
     out_code: list[str | None] = []
     previous = -1
-    for i in keep:
+    for i in sorted(keep):
         if i > previous + 1:
             out.append(f"... {_count(frames[previous + 1:i])} frames omitted ...")
             out_code.append(None)
@@ -51,6 +57,15 @@ def excerpt(stack: Sequence[str], code: Sequence[str | None] | None = None, limi
         out_code.append(lines[i])
         previous = i
     return out, out_code
+
+
+def _gaps(kept: list[int], total: int) -> int:
+    """Omission lines a selection of frames needs (the innermost frame is always kept)."""
+    previous, gaps = -1, 0
+    for i in kept:
+        gaps += i > previous + 1
+        previous = i
+    return gaps + (previous < total - 1)
 
 
 def _count(frames: Sequence[str]) -> int:

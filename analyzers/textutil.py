@@ -5,7 +5,7 @@ Why: rank lists on a 4,096-rank job must stay readable in one line ("0-2047, 204
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -42,9 +42,10 @@ def straggler_pattern(s: dict[str, Any]) -> str:
     return f"{pattern}, {when}"
 
 
-def channel_text(channel: str) -> str:
-    """A straggler's channel as read: 'group 0' for a collective group, '0 send to 3' as it is."""
-    return channel if " " in channel else f"group {channel}"
+def channel_text(channel: str, groups: Mapping[str, str] | None = None) -> str:
+    """A straggler's channel as read: 'group 0 [0-3] (world)' for a collective group (its `group_text`
+    from `groups`, where given), '0 send to 3' as it is."""
+    return channel if " " in channel else f"group {(groups or {}).get(channel, channel)}"
 
 
 def rank_text(ranks: Iterable[int], limit: int = 72) -> str:

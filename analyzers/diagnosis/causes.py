@@ -31,7 +31,7 @@ from ..constants import (
     STARTED,
 )
 from ..reading.rankdump import RankDump, SideFile
-from ..textutil import plural, ranges
+from ..textutil import group_text, plural, ranges
 from . import failures as fail
 from .matching import MatchResult
 from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, entered_seqs, progress_counters
@@ -127,7 +127,7 @@ def find_causes(
     `gil_stacks`: held-GIL stacks files by rank (reading/gil_stacks.py): a rank without a dump whose file was
     written after its peers began waiting for it was alive then, holding the GIL.
     """
-    desc = dict(zip(groups["group"].astype(str), groups["desc"].astype(str), strict=True)) if len(groups) else {}
+    desc = GroupNames(groups)
     size = dict(zip(groups["group"].astype(str), groups["size"].astype(int), strict=True)) if len(groups) else {}
     members = dict(zip(groups["group"].astype(str), groups["ranks"], strict=True)) if len(groups) else {}
     culprit_at = {(str(g), int(q), int(r)) for g, q, r in matched.culprits.itertuples(index=False)}
@@ -242,7 +242,7 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
             _attach_traceback(c, dumps.get(c.rank))
         elif f is not None and f.kind == fail.EXITED and c.kind == NOT_ENTERED:
             c.kind = EXITED
-            last = _last_op(entries, c.rank)
+            last = _last_op(entries, c.rank, desc)
             c.last_op = last
             c.detail = (f"rank {c.rank} exited normally" + (f" after {last}" if last else "")
                         + f"; the others still wait for it in {_label(c.group, c.seq, c.op, desc)}")
@@ -271,7 +271,7 @@ def _deserted(causes: list[Cause], failures: list[fail.Failure], absent: dict[in
     for rank, behind in sorted(left_behind.items()):
         if rank in named:
             continue
-        last = _last_op(entries, rank)
+        last = _last_op(entries, rank, desc)
         mine = [g for g, ranks in groups.items() if rank in ranks and (rank, g) in entered
                 and any(entered.get((m, g), -1) > entered[(rank, g)] for m in behind)]
         g = min(mine, key=lambda name: (len(groups[name]), name))
@@ -329,7 +329,26 @@ def _pick(waited: dict[tuple[str, int, str], list[int]], size: dict[str, int], w
     return min(waited, key=lambda k: (size.get(k[0], 1 << 30), earliest(k), -len(waited[k]), k[0], k[1]))
 
 
+class GroupNames(dict[str, str]):
+    """Group name -> its description (what a cause's `group_desc` holds), and how prose names it:
+    `group 2 [1, 3] (dp)` (textutil.group_text)."""
+
+    def __init__(self, groups: pd.DataFrame) -> None:
+        rows = groups[["group", "desc", "ranks"]].itertuples(index=False) if len(groups) else []
+        texts: dict[str, str] = {}
+        for g, d, r in rows:
+            self[str(g)] = str(d)
+            texts[str(g)] = group_text(g, str(d), r)
+        self.texts = texts
+
+    def text(self, group: str | None) -> str:
+        return self.texts.get(str(group), str(group))
+
+
 def _label(group: str | None, seq: int | None, op: str | None, desc: dict[str, str]) -> str:
+    """`all_reduce (group 2 [1, 3] (dp), seq 4)`."""
+    if isinstance(desc, GroupNames):
+        return f"{op} (group {desc.text(group)}, seq {seq})"
     d = desc.get(group or "", "")
     name = f"group {group}" + (f" ({d})" if d else "")
     return f"{op} ({name}, seq {seq})"
@@ -380,7 +399,7 @@ def _not_entered(
     r: int, g: str, s: int, op: str, waited: dict[tuple[str, int, str], list[int]], dump: RankDump, entries: pd.DataFrame, desc: dict[str, str]
 ) -> Cause:
     stack, source, where = _main_stack(dump.threads)
-    last = _last_op(entries, r)
+    last = _last_op(entries, r, desc)
     parts = [f"rank {r} has not entered {_label(g, s, op, desc)}", f"awaited in {_awaited_by(waited, desc)}"]
     if last:
         parts.append(f"its last op: {last}")
@@ -429,7 +448,7 @@ def _other_threads(causes: list[Cause], dumps: dict[int, RankDump]) -> None:
             c.main_waits = stackview.waits_on_a_thread(stack, code)
 
 
-def _last_op(entries: pd.DataFrame, r: int) -> str | None:
+def _last_op(entries: pd.DataFrame, r: int, desc: dict[str, str]) -> str | None:
     mine = entries.loc[entries["rank"] == r]
     if mine.empty:
         return None
@@ -438,7 +457,8 @@ def _last_op(entries: pd.DataFrame, r: int) -> str | None:
         site = f" at {row['site']}"
     else:
         site = f", {CPP_SITE}" if row.get("source") == "c++" else ""
-    return f"{row['op']} (group {row['group']}, seq {row['seq']}, {row['state']}){site}"
+    group = desc.text(row["group"]) if isinstance(desc, GroupNames) else row["group"]
+    return f"{row['op']} (group {group}, seq {row['seq']}, {row['state']}){site}"
 
 
 def _mismatch_at(r: int, g: str, s: int, op: str, matched: MatchResult, desc: dict[str, str],

@@ -18,6 +18,7 @@ from ..constants import COMM_STUCK, CPP_SITE, CRASHED, EXITED, KIND_DEADLOCK, MI
 from ..diagnosis.divergence import line as divergence_line
 from ..diagnosis.stalls import short_site
 from ..textutil import channel_text, group_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
+from .todo import cause_step, slow_step
 
 # What each root-cause kind means, in the words an on-call engineer would use (report-format.md has the kinds).
 KIND_WORDS = {
@@ -80,13 +81,20 @@ def text_report(report: dict[str, Any], graph: nx.DiGraph | None = None, verbose
     if report.get("stragglers"):
         top = report["stragglers"] if verbose else report["stragglers"][:3]
         lines += ["", "slow ranks (by what they cost the others, most first):"]
-        lines += [f"  rank {s['rank']}{_on_host(report, s['rank'])}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
-                  f"on {', '.join(channel_text(c) for c in (s.get('channels') or s['groups'])) or '-'}"
-                  + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else "")
-                  for s in top]
+        texts = {str(g["group"]): group_text(g["group"], g.get("desc"), g.get("ranks")) for g in report.get("groups", [])}
+        for s in top:
+            lines.append(f"  rank {s['rank']}{_on_host(report, s['rank'])}: cost {straggler_cost(s)}, {straggler_pattern(s)}, "
+                         f"on {', '.join(channel_text(c, texts) for c in (s.get('channels') or s['groups'])) or '-'}"
+                         + (f"; the whole {s['scope']} is slow" if s.get("scope", "rank") != "rank" else ""))
+            sites = s.get("late_at") or []
+            held = sum(at["count"] for at in sites)
+            lines += [f"    late to {_late_site(at)}" + (f" ({at['count']} of the first {held} it held up)" if len(sites) > 1 else "")
+                      for at in sites[:None if verbose else 1]]
+            if s is top[0]:
+                lines.append(f"    next step: {slow_step(s, report)}")
         if len(report["stragglers"]) > len(top):
             lines.append(f"  ... {plural(len(report['stragglers']) - len(top), 'more slow rank')} (-v lists them)")
-    if report.get("slow_links"):
+    if report.get("slow_links") and (verbose or report["verdict"] not in HANG_VERDICTS):  # a hang's are its aftermath
         lines += ["", "slow links:"] + [f"  {k['src']} -> {k['dst']}: {k['transfer_ms_median']:.2f} ms "
                                           f"({k['ratio']:.1f}x the other links)" for k in report["slow_links"][:None if verbose else 3]]
     lines += _gap_lines(report["gaps"], verbose)
@@ -211,7 +219,8 @@ def _failure_lines(failures: list[dict[str, Any]], verbose: bool, missing: list[
     kinds: dict[str, list[dict[str, Any]]] = {}
     for f in failures:
         kinds.setdefault(f["kind"] if not verbose else f"{f['kind']}:{f['rank']}", []).append(f)
-    lines = ["", "failures (by when each rank's dump was written):"]
+    title = "failures" if any(f["kind"] != "exited" for f in failures) else "exits"  # a finished job: no failure
+    lines = ["", f"{title} (by when each rank's dump was written):"]
     for fs in kinds.values():
         kind = fs[0]["kind"]
         when = sorted(f["time_ns"] for f in fs if isinstance(f.get("time_ns"), int))
@@ -225,8 +234,13 @@ def _failure_lines(failures: list[dict[str, Any]], verbose: bool, missing: list[
         import datetime
 
         stamp = datetime.datetime.fromtimestamp(first / 1e9, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-        lines[1] = f"failures (by when each rank's dump was written, +0 = {stamp} UTC):"
+        lines[1] = f"{title} (by when each rank's dump was written, +0 = {stamp} UTC):"
     return lines + gone
+
+
+def _late_site(at: dict[str, Any]) -> str:
+    """`all_reduce at train.py:109`; an op issued from C++ says so."""
+    return f"{at['op']} " + (f"at {short_site(at['site'])}" if at.get("site") else CPP_SITE)
 
 
 def _error_words(text: str, width: int = 110) -> str:
@@ -338,14 +352,15 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
     else:
         label("why", c["detail"] if verbose or len(c["detail"]) <= 300 else c["detail"][:297] + "...")
         label("call site", c.get("site") if c["kind"] != CRASHED else None)
+    label("next step", cause_step(c))
     out += _thread_lines(c, verbose)
-    if c.get("dump_reason"):
+    if c.get("dump_reason") and verbose:  # how the evidence came: not what to act on
         why = DUMP_REASONS.get(c["dump_reason"].split(":")[0], c["dump_reason"])
         label("dump", f"written on {why}" + (f" ({c['dump_reason_detail']})" if c.get("dump_reason_detail") and verbose else ""))
     stack, source = list(c.get("stack") or []), list(c.get("source") or [])
     if stack:
         if not verbose:
-            stack, source = stackview.excerpt(stack, source, limit=DEFAULT_STACK_FRAMES, outer=1)
+            stack, source = stackview.excerpt(stack, source, limit=DEFAULT_STACK_FRAMES, outer=1, user_only=True)
         kind = "traceback of its error" if c["kind"] == CRASHED else "main thread's stack"
         out.append(f"  {kind} (most recent call last):")
         out += stackview.traceback_lines(stack, source, indent="    ")
@@ -556,6 +571,7 @@ def _next_steps(report: dict[str, Any], folder: str | None, verbose: bool) -> li
     where = " ".join(map(str, folders))
     usable = set(report["ranks"]["dumped"]) - set(report["ranks"].get("stale") or [])
     named = [r for c in report["root_causes"] for r in c.get("ranks") or [c["rank"]]]
+    named += [s["rank"] for s in report.get("stragglers") or []]
     culprit = next((r for r in named if r in usable), None)  # `show` fails for a rank without a dump
     first = ([] if verbose else [f"flightrec analyze {where} -v"]) + [f"flightrec analyze {where} --html report.html"]
     second = ([f"flightrec show {where} --rank {culprit}"] if culprit is not None else []) + [
@@ -600,11 +616,13 @@ def _waiting_lines(report: dict[str, Any], graph: nx.DiGraph | None, verbose: bo
     groups = _group_rows(report)
     rows: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for w in waits:
-        rows[(w["group"], w["seq"], w["op"], tuple(w["waits_for"]), _waiter_where(w))].append(w["rank"])
+        seq = None if w["op"] in P2P_OPS else w["seq"]  # a transfer's per-pair number is not shown: one line per peer
+        rows[(w["group"], seq, w["op"], tuple(w["waits_for"]), _waiter_where(w))].append(w["rank"])
     size = {g["group"]: len(g["ranks"]) for g in report.get("groups", [])}
     ordered = sorted(
         rows.items(),
-        key=lambda kv: (size.get(kv[0][0], 1 << 20), min(depth.get(r, 1 << 20) for r in kv[1]), kv[0][0], kv[0][1]),
+        key=lambda kv: (size.get(kv[0][0], 1 << 20), min(depth.get(r, 1 << 20) for r in kv[1]), kv[0][0],
+                        -1 if kv[0][1] is None else kv[0][1]),
     )
     limit = len(ordered) if verbose else DEFAULT_WAIT_LINES
     out = []

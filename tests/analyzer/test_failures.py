@@ -83,7 +83,7 @@ def test_a_clean_exit_is_named_exited(tmp_path: Path) -> None:
     report = analyzers.load(job.write(tmp_path)).report()
     assert report["verdict"] == "hang"
     assert causes(report) == [(1, "exited")]
-    assert "exited normally after all_reduce (group 0, seq 2" in report["root_causes"][0]["detail"]
+    assert "exited normally after all_reduce (group 0 [0-3] (world), seq 2" in report["root_causes"][0]["detail"]
     assert report["summary"].startswith("hang: rank 1 exited normally before all_reduce")
 
 

@@ -40,7 +40,7 @@ def test_library_sites_of_an_old_dump_read_as_the_users_line(tmp_path: Path) -> 
     folder = _old_fsdp_dump(tmp_path / "job")
     out = CliRunner().invoke(analyze_command, [str(folder), "-q"]).output
     assert "_contextlib" not in out.split("next:")[0], out
-    assert "last op     reduce_scatter_tensor (group 0, seq 3, completed) at train.py:99 in step" in out, out
+    assert "last op     reduce_scatter_tensor (group 0 [0-1] (world), seq 3, completed) at train.py:99 in step" in out, out
     assert "now at      data.py:41 in decode_shard (main thread)" in out, out
     assert "rank 1 -> rank 0 in all_gather_into_tensor #4 of group 0 [0-1] (world), at train.py:96 in step" in out, out
     shown = CliRunner().invoke(show_command, [str(folder), "--rank", "1"]).output
