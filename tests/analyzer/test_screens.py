@@ -3,7 +3,7 @@ straggler), each a screen the on-call engineer can act on.
 
 The real jobs run in tests/scenarios/test_fault_injection.py, where `check` holds every screen-set
 scenario's live first screen to `screen_problems`. Here: the committed screens
-(fixtures/golden/screens/, written by `python -m fixtures.run --screens`) cover that set and keep
+(fixtures/screens/, written by `python -m fixtures.run --screens`) cover that set and keep
 the same rules, and each rule catches the screen that breaks it.
 """
 
