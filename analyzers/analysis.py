@@ -39,7 +39,16 @@ from .diagnosis.hosts import Hosts
 from .diagnosis.matching import MatchResult, match
 from .diagnosis.stalls import find_stalls, short_site
 from .diagnosis.transfers import Transfers, pair_transfers
-from .diagnosis.waits import R_NO_DUMP, R_STALE, R_UNREADABLE, Wait, WaitResult, find_waits
+from .diagnosis.waits import (
+    R_NO_DUMP,
+    R_STALE,
+    R_UNREADABLE,
+    Wait,
+    WaitResult,
+    find_waits,
+    left_in_flight,
+    progress_counters,
+)
 from .keys import first_rows, ids_within_ranks
 from .memory import release_free_memory
 from .reading import jobs as jobs_mod
@@ -48,7 +57,7 @@ from .reading.columns import SAMPLE_COLUMNS
 from .reading.loader import Dataset, Folders, Progress, load_folder
 from .reading.rankdump import RankDump
 from .reading.sample import SAMPLE_PER_CHANNEL
-from .textutil import channel_text, group_text, plural, ranges, straggler_cost, straggler_pattern
+from .textutil import channel_text, group_text, plural, ranges, straggler_cost, straggler_pattern, who
 from .timing.late_sites import late_at
 from .timing.shifts import timing_shifts
 from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
@@ -265,6 +274,8 @@ class Analysis:
             return HANG  # a rank that left while others still ran: they waited for it, or failed without it
         if self._unexplained_failures:
             return INCONCLUSIVE  # a rank raised, lost its connection or was stopped: never healthy
+        if not self._left_in_flight.empty:
+            return INCONCLUSIVE  # ranks left with an op a peer never entered still in flight: never healthy
         if self._untimed:  # nobody waits; slow needs every rank's timing
             return INCONCLUSIVE
         if self.slow.stragglers:
@@ -279,6 +290,13 @@ class Analysis:
         (a crash, a rank that left, a hang) explains them: the job did not end well, whatever the
         waits say, and the dumps cannot tell why."""
         return unexplained(self.failures)
+
+    @cached_property
+    def _left_in_flight(self) -> pd.DataFrame:
+        """Ranks that exited normally with a collective still in flight that a peer never entered
+        (diagnosis/waits.py `left_in_flight`): the host of a device backend left before its stream
+        could finish."""
+        return left_in_flight(self.dumps, exited_ranks(self.dumps))
 
     @property
     def _only_unreadable(self) -> list[int]:
@@ -454,6 +472,17 @@ class Analysis:
             failed = self._unexplained_failures
             return (f"inconclusive: nobody waits, but {failures_text(failed)}, and no rank's dump says what started "
                     "it (no own error before the failures, no rank missing, none that left early)")
+        if verdict == INCONCLUSIVE and not self._left_in_flight.empty:
+            first = self._left_in_flight.iloc[0]
+            same = self._left_in_flight[(self._left_in_flight["group"] == first["group"])
+                                        & (self._left_in_flight["entered"] == first["entered"])]
+            group = str(first["group"])
+            behind = sorted(r for (r, g), (e, _) in progress_counters(self.dumps)[0].items()
+                            if g == group and e < int(first["entered"]))
+            return (f"inconclusive: the ranks exited, but {who(int(r) for r in same['rank'])} left collective "
+                    f"#{int(first['entered'])} of group {self._group_texts.get(group, group)} in flight, which "
+                    f"{who(behind)} never entered (after {int(first['behind'])}): that op never completed, so the "
+                    "job did not end well (a skipped collective, or a rank that left early)")
         if verdict == INCONCLUSIVE and self._untimed:
             return ("inconclusive: no rank is waiting; the dumps' summaries alone cannot tell a slow rank "
                     "(read them whole for the timing: --read full)")

@@ -321,7 +321,13 @@ class Recorder:
             callback = self._on_future_done
         try:
             future = work.get_future()
-            if future.done():  # NCCL's is, once the op is queued: the callback runs now, as it would inline
+            if future.done() and late:
+                # Done before the op could have run: a stream-ordered future (NCCL's semantics, a backend
+                # that behaves like it on CPU tensors) tells only of an error; its Work is polled, unmeasured.
+                self._on_device_future(entry, future)
+                if entry.pending:
+                    self.polled[entry.id] = entry
+            elif future.done():  # NCCL's is, once the op is queued: the callback runs now, as it would inline
                 callback(entry, future)
             else:
                 future.add_done_callback(partial(callback, entry))
@@ -434,6 +440,11 @@ class Recorder:
             known = self._in_order_groups[(group_name, device)] = device_backend(group.backend, device) in IN_ORDER
         return known
 
+    def _late_group(self, group_name: str) -> bool:
+        """Whether the group's backend completes Works after their wait (`StreamGroupState`)."""
+        group = self._group_by_name(group_name)
+        return type(group) is StreamGroupState
+
     def _poll_in_order(self, ops: list[tuple[Entry, Any]]) -> None:
         """One device stream's pending ops, oldest first: they finish in that order, so the newest done
         means all are, and otherwise bisection finds where the done ones end, in O(log n) queries
@@ -455,7 +466,7 @@ class Recorder:
             self.mark_failed(entry, exc)
             return False
         if done:
-            if entry.device != "cpu":  # found done by a poll: when it ended is the device end event's to say
+            if entry.device != "cpu" or self._late_group(entry.group):  # a poll's moment is not the op's end
                 try:
                     error = work.exception()  # NCCL's Work reads as completed once it has failed
                 except Exception:  # noqa: BLE001 - a backend without the call: its is_completed raises instead

@@ -588,3 +588,25 @@ def _short(ranks: dict[int, str] | set[int]) -> str:
     from ..textutil import ranges
 
     return ranges(r for r in ranks if r >= 0) or "?"
+
+
+def left_in_flight(dumps: dict[int, RankDump], finished: set[int]) -> pd.DataFrame:
+    """Ranks that exited normally with a collective of theirs still in flight that a member of its
+    group never entered: `[rank, group, entered, completed, behind]` (`behind`: the lowest count of
+    collectives a member of the group entered).
+
+    Why: on a device backend (NCCL, HCCL) the host returns before the op runs, so a rank can reach its
+    exit while its stream still waits in an op a peer skipped; the exit looks clean, the op never
+    completed. Such a job did not end well, whatever the exit records say (never `healthy`).
+    """
+    columns = ["rank", "group", "entered", "completed", "behind"]
+    if not finished:
+        return pd.DataFrame(columns=columns)
+    colls, _ = progress_counters(dumps)
+    table = pd.DataFrame([(r, g, e, c) for (r, g), (e, c) in colls.items()], columns=columns[:4])
+    if table.empty:
+        return pd.DataFrame(columns=columns)
+    table["behind"] = table.groupby("group")["entered"].transform("min")
+    open_at_exit = (table["rank"].isin(list(finished)) & (table["completed"] >= 0)
+                    & (table["completed"] < table["entered"]) & (table["behind"] < table["entered"]))
+    return table.loc[open_at_exit, columns].reset_index(drop=True)

@@ -14,15 +14,28 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.run import SCENARIOS, analyze, check, dumped_ranks, job_problems, run_scenario
+from fixtures.run import (
+    DEVICE_IN_CI,
+    DEVICE_MATCHED,
+    SCENARIOS,
+    analyze,
+    check,
+    dumped_ranks,
+    job_problems,
+    run_scenario,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
+# Every scenario on gloo, and on the emulated device backends a set of those whose answers match there
+# already (fixtures/run.py DEVICE_IN_CI; docs/device-emulation.md lists the others and what they answer).
+RUNS = [pytest.param(name, "gloo", id=name) for name in SCENARIOS] + [
+    pytest.param(name, backend, id=f"{name}-{backend}") for backend, names in DEVICE_IN_CI.items() for name in names]
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_scenario(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "backend"), RUNS)
+def test_scenario(name: str, backend: str, tmp_path: Path) -> None:
     scenario = SCENARIOS[name]
-    result = run_scenario(scenario, tmp_path / name)
+    result = run_scenario(scenario, tmp_path / name, backend=backend)
     assert not result.timed_out, f"{name} did not produce its dumps in time:\n{result.output[-3000:]}"
     report = analyze(tmp_path / name)
     problems = check(scenario, report, dumped_ranks(tmp_path / name), tmp_path / name) + job_problems(scenario, result)
@@ -110,3 +123,21 @@ def test_sigkilled_rank_host_is_inferred(tmp_path: Path) -> None:
     hosts = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path), "-q", "--hosts"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert hosts.stdout.split() == [socket.gethostname()] and "rank 3: host" in hosts.stderr
+
+
+def test_the_device_runs_are_matched_scenarios() -> None:
+    for backend, names in DEVICE_IN_CI.items():
+        assert set(names) <= set(DEVICE_MATCHED[backend]) <= set(SCENARIOS), backend
+
+
+def test_a_device_job_whose_ranks_left_an_op_in_flight_is_never_healthy(tmp_path: Path) -> None:
+    """On NCCL's semantics (the emulated backend) a rank that skips one DDP all-reduce lets its peers'
+    hosts run to their exit while their streams still wait in the op it never entered: every exit
+    record reads clean. Not `healthy`: the op never completed, and the rank that skipped is named."""
+    run_scenario(SCENARIOS["ddp_nan_skip"], tmp_path, backend="emu_nccl")
+    report = analyze(tmp_path)
+    assert report["verdict"] != "healthy", report["summary"]
+    if report["verdict"] == "inconclusive":  # the hosts all reached their exit
+        assert "which rank 2 never entered" in report["summary"], report["summary"]
+    else:  # or a peer's dump caught it waiting
+        assert [c["rank"] for c in report["root_causes"]] == [2], report["summary"]
