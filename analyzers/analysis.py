@@ -48,6 +48,7 @@ from .diagnosis.waits import (
     find_waits,
     left_in_flight,
     progress_counters,
+    receives_left_open,
 )
 from .keys import first_rows, ids_within_ranks
 from .memory import release_free_memory
@@ -274,8 +275,8 @@ class Analysis:
             return HANG  # a rank that left while others still ran: they waited for it, or failed without it
         if self._unexplained_failures:
             return INCONCLUSIVE  # a rank raised, lost its connection or was stopped: never healthy
-        if not self._left_in_flight.empty:
-            return INCONCLUSIVE  # ranks left with an op a peer never entered still in flight: never healthy
+        if not self._left_in_flight.empty or not self._receives_left_open.empty:
+            return INCONCLUSIVE  # ranks left with an op that could never complete in flight: never healthy
         if self._untimed:  # nobody waits; slow needs every rank's timing
             return INCONCLUSIVE
         if self.slow.stragglers:
@@ -297,6 +298,11 @@ class Analysis:
         (diagnosis/waits.py `left_in_flight`): the host of a device backend left before its stream
         could finish."""
         return left_in_flight(self.dumps, exited_ranks(self.dumps))
+
+    @cached_property
+    def _receives_left_open(self) -> pd.DataFrame:
+        """Receives in flight when their rank exited normally (diagnosis/waits.py `receives_left_open`)."""
+        return receives_left_open(self.dumps, exited_ranks(self.dumps))
 
     @property
     def _only_unreadable(self) -> list[int]:
@@ -483,6 +489,14 @@ class Analysis:
                     f"#{int(first['entered'])} of group {self._group_texts.get(group, group)} in flight, which "
                     f"{who(behind)} never entered (after {int(first['behind'])}): that op never completed, so the "
                     "job did not end well (a skipped collective, or a rank that left early)")
+        if verdict == INCONCLUSIVE and not self._receives_left_open.empty:
+            table = self._receives_left_open
+            ranks = sorted({int(r) for r in table["rank"]})
+            first = table.iloc[0]
+            return (f"inconclusive: the ranks exited, but {who(ranks)} left a receive in flight (rank {int(first['rank'])}: "
+                    f"recv #{int(first['completed']) + 1} from rank {int(first['peer'])}, group "
+                    f"{self._group_texts.get(str(first['group']), str(first['group']))}): that data never came, so "
+                    "the job did not end well (two ranks that both receive first, or a send that was never posted)")
         if verdict == INCONCLUSIVE and self._untimed:
             return ("inconclusive: no rank is waiting; the dumps' summaries alone cannot tell a slow rank "
                     "(read them whole for the timing: --read full)")

@@ -1052,6 +1052,7 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
         out_device = NULL;
     }
     if (device != NULL) { /* a device op (patching._call_on_device): forced async, timed with events */
+        if (!is_async && !self->has_async && !self->is_coll) goto slow; /* blocking send/recv: its async twin */
         timing = PyDict_GetItemWithError(self->rec_dict, s_device_timing); /* replaceable: read per call */
         if (timing == NULL) goto slow;
         Py_INCREF(timing);

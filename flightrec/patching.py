@@ -77,16 +77,26 @@ def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], c
     blocking = not entry.is_async and "async_op" in spec.positions
     if blocking:
         args, kwargs = _force_async(spec, args, kwargs)
+    call = original
+    twin = ASYNC_TWINS.get(spec.api) if not entry.is_async and entry.peer >= 0 else None
+    if twin is not None:  # blocking send/recv: no async_op to force, so its async twin, whose Work we follow
+        call, blocking = getattr(c10d, twin), True  # wrapped too: `in_leaf` takes it straight to the original
     captured = rec.device_timing.before(entry)
     tls.in_leaf = True
     try:
-        result = original(*args, **kwargs)
+        result = call(*args, **kwargs)
     except BaseException as exc:
         tls.in_leaf = False
         _record_failure(rec, ctx, exc)
         raise
     tls.in_leaf = False
-    return fastpath.device_op_tail(rec, spec, entry, ctx[1], result, captured, blocking)
+    done = fastpath.device_op_tail(rec, spec, entry, ctx[1], result, captured, blocking)
+    return entry.peer if twin == "irecv" else done  # recv returns its source's global rank
+
+
+# A blocking p2p call on a device backend returns once its Work is queued (NCCL's `wait()` holds the
+# stream, not the host): issued as its async twin, its Work says when the transfer really ended.
+ASYNC_TWINS = {"send": "isend", "recv": "irecv"}
 
 
 def _record_failure(rec: Recorder, ctx: tuple[Any, Any], exc: BaseException) -> None:

@@ -28,9 +28,23 @@ def enabled() -> bool:
 
 
 def read(include_entries: bool) -> dict[str, Any] | None:
-    """The built-in recorder's JSON dump as a dict, or None when unavailable."""
-    if not enabled():
-        return None
+    """PyTorch's recorders as one JSON dump (a dict), or None when none is readable: the built-in one
+    (gloo's, and every backend's that writes to it) and, where its buffer is set, ProcessGroupNCCL's own
+    (`read_nccl`), which alone knows NCCL groups: their C++-issued ops (DDP's Reducer) and how far each
+    group completed. Where both know a group, NCCL's counters win."""
+    generic = _read_generic(include_entries) if enabled() else None
+    nccl = read_nccl(include_entries)
+    if nccl is None:
+        return generic
+    if generic is None:
+        return nccl
+    merged = dict(generic)
+    merged["entries"] = list(generic.get("entries") or []) + list(nccl.get("entries") or [])
+    merged["pg_status"] = {**(generic.get("pg_status") or {}), **(nccl.get("pg_status") or {})}
+    return merged
+
+
+def _read_generic(include_entries: bool) -> dict[str, Any] | None:
     try:
         raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=include_entries)
         return json.loads(raw)
@@ -100,7 +114,7 @@ def _env_flag(names: tuple[str, ...]) -> bool | None:
     return None
 
 
-def read_nccl() -> dict[str, Any] | None:
+def read_nccl(include_entries: bool = True) -> dict[str, Any] | None:
     """PyTorch's NCCL recorder (a recorder of its own, beside the one `read` reads), or None. Read only
     where its buffer is set explicitly (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE > 0): its
     default differs between releases, and dumping a disabled recorder aborts the process."""
@@ -116,7 +130,7 @@ def read_nccl() -> dict[str, Any] | None:
     try:
         if int(raw) <= 0:
             return None
-        return json.loads(dump(includeCollectives=True))
+        return json.loads(dump(includeCollectives=include_entries))
     except Exception as exc:  # noqa: BLE001
         log.warn_once("torch-fr-nccl", f"PyTorch's NCCL flight recorder could not be read: {exc!r}")
         return None

@@ -11,7 +11,7 @@ completed is delivered, whatever its sender recorded; an older async p2p op no t
 way to the later op a thread is inside (pipelines post several transfers and wait on them in turn).
 
 Two weaker kinds of evidence are used and labelled: a rank whose last op *failed* (e.g. timed out)
-is taken as having been blocked there, and on formats that cannot observe completion (PyTorch's gloo
+is taken as having been blocked there (at the oldest of its last failed ops), and on formats that cannot observe completion (PyTorch's gloo
 recorder) a rank's last op counts as blocking when some member never entered it. Members whose
 history is lost (the ring wrapped past the group) are "unknown", never assumed either way.
 """
@@ -306,6 +306,17 @@ def _note_delivered(rows: pd.DataFrame, ctx: _Ctx) -> None:
                          "completed by their receivers: taken as delivered")
 
 
+def _first_of_failed_run(e: pd.DataFrame, ranks: pd.Series) -> pd.DataFrame:
+    """Each of `ranks`' oldest op of the failed ones that end its record: where it stopped. On a device
+    stream the ops queued behind the one that failed fail with it (the host had run ahead), so the
+    newest failed op is not where the rank was held."""
+    mine = e[e["rank"].isin(ranks)]
+    failed = (mine["state"] == FAILED).to_numpy()
+    last_ok = mine.loc[~failed].groupby("rank")["id"].max()
+    trailing = mine[failed & (mine["id"] > mine["rank"].map(last_ok).fillna(-1)).to_numpy()]
+    return trailing.loc[trailing.groupby("rank")["id"].idxmin()]
+
+
 def _blocking(ctx: _Ctx) -> dict[int, Wait]:
     e = ctx.entries[_COLS]
     pending = e["state"].isin(PENDING_STATES)
@@ -330,7 +341,7 @@ def _blocking(ctx: _Ctx) -> dict[int, Wait]:
         # a C++-issued op whose completion nobody could observe (PyTorch's recorder off) may be where
         # the rank blocks (DDP's Reducer): inferred like a format that cannot see completion
         unobservable = (lasts["state"] == UNKNOWN).to_numpy()
-        chosen.append(lasts[failed].assign(how=HOW_FAILED))
+        chosen.append(_first_of_failed_run(idle, lasts.loc[failed, "rank"]).assign(how=HOW_FAILED))
         chosen.append(lasts[~failed & (unreliable | unobservable)].assign(how=HOW_INFERRED))
     waits: dict[int, Wait] = {}
     if not chosen:
@@ -610,3 +621,20 @@ def left_in_flight(dumps: dict[int, RankDump], finished: set[int]) -> pd.DataFra
     open_at_exit = (table["rank"].isin(list(finished)) & (table["completed"] >= 0)
                     & (table["completed"] < table["entered"]) & (table["behind"] < table["entered"]))
     return table.loc[open_at_exit, columns].reset_index(drop=True)
+
+
+def receives_left_open(dumps: dict[int, RankDump], finished: set[int]) -> pd.DataFrame:
+    """Receives still in flight when their rank exited normally: `[rank, group, peer, entered, completed]`.
+
+    Why: as with `left_in_flight`, a device backend's host can leave while its stream still waits for a
+    transfer (two stages that both receive first); a receive that never completed is data that never
+    came, so such a job did not end well."""
+    columns = ["rank", "group", "peer", "entered", "completed"]
+    if not finished:
+        return pd.DataFrame(columns=columns)
+    _, pairs = progress_counters(dumps)
+    table = pd.DataFrame([(r, g, p, e, c) for (r, g, op, p), (e, c) in pairs.items() if op == "recv"], columns=columns)
+    if table.empty:
+        return table
+    open_at_exit = table["rank"].isin(list(finished)) & (table["completed"] >= 0) & (table["completed"] < table["entered"])
+    return table.loc[open_at_exit].reset_index(drop=True)

@@ -7,6 +7,7 @@ ones included) before the test ends.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,8 +29,9 @@ from fixtures.run import (
 ROOT = Path(__file__).resolve().parents[2]
 # Every scenario on gloo, and on the emulated device backends a set of those whose answers match there
 # already (fixtures/run.py DEVICE_IN_CI; docs/device-emulation.md lists the others and what they answer).
+DEVICE_RUNS = DEVICE_MATCHED if os.environ.get("FLIGHTREC_DEVICE_SCENARIOS") == "all" else DEVICE_IN_CI
 RUNS = [pytest.param(name, "gloo", id=name) for name in SCENARIOS] + [
-    pytest.param(name, backend, id=f"{name}-{backend}") for backend, names in DEVICE_IN_CI.items() for name in names]
+    pytest.param(name, backend, id=f"{name}-{backend}") for backend, names in DEVICE_RUNS.items() for name in names]
 
 
 @pytest.mark.parametrize(("name", "backend"), RUNS)
