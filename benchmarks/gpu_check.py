@@ -16,6 +16,9 @@ Checks, each in its own bounded subprocess:
 - `gloo_cuda`: a 3-rank gloo job on CUDA tensors sharing the one GPU (NCCL refuses two ranks on one
   device) where rank 1 stalls: every rank dumps, device times are there and ordered, and the analysis
   names rank 1.
+- `nccl_2proc`: with 2+ GPUs, the same stall on a 2-rank NCCL job, a GPU per rank (PyTorch's NCCL
+  recorder on, `TORCH_NCCL_TRACE_BUFFER_SIZE=2000`): both ranks dump and the analysis names rank 1.
+  Skipped (and said so) with one GPU.
 - `overhead`: `benchmarks/overhead.py --device cuda` (host cost per collective against PyTorch's recorder).
 - `ablation`: `benchmarks/device_ablation.py` (where that host cost goes; ~1 minute).
 
@@ -296,6 +299,34 @@ def check_gloo_cuda(out: Path, env: dict[str, str]) -> dict:
     return got
 
 
+def check_nccl_2proc(out: Path, env: dict[str, str]) -> dict:
+    """A 2-rank NCCL job, a GPU per rank, where rank 1 stalls before a collective: what users run."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        return {"ok": True, "skipped": f"{torch.cuda.device_count()} GPU: a 2-rank NCCL job needs 2"}
+    sys.path.insert(0, str(ROOT))
+    from fixtures.launch import launch
+
+    folder = out / "nccl-2proc"
+    os.environ.update({k: v for k, v in env.items() if k == "PYTHONPATH"})
+    job = launch(ROOT / "fixtures" / "jobs" / "gpu.py", 2, folder, ["--backend", "nccl"],
+                 env={"FLIGHTREC_TIMEOUT": "3", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"},
+                 wait_for_ranks=[0, 1], timeout_s=180)
+    got: dict = {"dumps": [str(p.name) for p in job.dumps], "seconds": round(job.elapsed_s, 1),
+                 "timed_out": job.timed_out, "log": job.output[-1500:]}
+    try:
+        import analyzers
+
+        report = analyzers.load(folder).report()
+        got.update(verdict=report["verdict"], summary=report["summary"],
+                   causes=[(c["rank"], c["kind"]) for c in report["root_causes"]])
+        got["ok"] = len(job.dumps) == 2 and report["verdict"] == "hang" and got["causes"][:1] == [(1, "not_entered")]
+    except ImportError as exc:  # the analyzer's dependencies are not on this machine
+        got.update(analysis=f"skipped: {exc}", ok=len(job.dumps) == 2)
+    return got
+
+
 def check_overhead(out: Path, env: dict[str, str]) -> dict:
     target = out / "overhead.json"
     rc, text, took = _run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--device", "cuda", "--json", str(target)],
@@ -321,7 +352,7 @@ def check_ablation(out: Path, env: dict[str, str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="results folder (default: a temporary one)")
-    parser.add_argument("--only", default="nccl,nccl_python,gloo_cuda,overhead,ablation",
+    parser.add_argument("--only", default="nccl,nccl_python,gloo_cuda,nccl_2proc,overhead,ablation",
                         help="comma-separated checks to run")
     parser.add_argument("--build", action="store_true",
                         help="first compile the C hot path, the pickle reader and the torch reader in place")
@@ -342,7 +373,7 @@ def main() -> int:
         print(f"build: {results['build']}", flush=True)
     env = _env(_hook(out / "hook"))
     checks = {"nccl": check_nccl, "nccl_python": check_nccl_python, "gloo_cuda": check_gloo_cuda,
-              "overhead": check_overhead, "ablation": check_ablation}
+              "nccl_2proc": check_nccl_2proc, "overhead": check_overhead, "ablation": check_ablation}
     for name in a.only.split(","):
         start = time.monotonic()
         try:
