@@ -31,17 +31,35 @@ def read(include_entries: bool) -> dict[str, Any] | None:
     """PyTorch's recorders as one JSON dump (a dict), or None when none is readable: the built-in one
     (gloo's, and every backend's that writes to it) and, where its buffer is set, ProcessGroupNCCL's own
     (`read_nccl`), which alone knows NCCL groups: their C++-issued ops (DDP's Reducer) and how far each
-    group completed. Where both know a group, NCCL's counters win."""
-    generic = _read_generic(include_entries) if enabled() else None
+    group completed.
+
+    Each recorder numbers its groups on its own (`pg_id`, the key of `pg_status`), so where both are
+    read their groups are joined by name, found in each one's entries: entries and `pg_status` are then
+    keyed by group name (NCCL's counters win for a group both know); an NCCL group none of whose
+    entries is left cannot be named, and its counters are left out (its completion stays unknown)
+    rather than credited to another group of the same number."""
     nccl = read_nccl(include_entries)
     if nccl is None:
-        return generic
+        return _read_generic(include_entries) if enabled() else None
+    generic = _read_generic(True) if enabled() else None
     if generic is None:
         return nccl
+    nccl = nccl if include_entries else read_nccl(True)  # naming its groups needs its entries
+    if nccl is None:
+        return generic
+    generic_names, nccl_names = uid_to_group_name(generic), uid_to_group_name(nccl)
     merged = dict(generic)
-    merged["entries"] = list(generic.get("entries") or []) + list(nccl.get("entries") or [])
-    merged["pg_status"] = {**(generic.get("pg_status") or {}), **(nccl.get("pg_status") or {})}
+    merged["entries"] = _named_entries(generic, generic_names) + _named_entries(nccl, nccl_names)
+    merged["pg_status"] = {**{generic_names.get(str(uid), str(uid)): v for uid, v in (generic.get("pg_status") or {}).items()},
+                           **{nccl_names[str(uid)]: v for uid, v in (nccl.get("pg_status") or {}).items()
+                              if str(uid) in nccl_names}}
     return merged
+
+
+def _named_entries(fr: dict[str, Any], names: dict[str, str]) -> list[Any]:
+    """`fr`'s entries with `pg_id` replaced by the group's name (`names`), where known."""
+    return [e | {"pg_id": names.get(str(e.get("pg_id")), e.get("pg_id"))} if isinstance(e, dict) else e
+            for e in fr.get("entries") or []]
 
 
 def _read_generic(include_entries: bool) -> dict[str, Any] | None:
