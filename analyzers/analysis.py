@@ -31,7 +31,7 @@ from .constants import (
     SLOW,
 )
 from .diagnosis import groups as groups_mod
-from .diagnosis.causes import CauseResult, build_graph, find_causes
+from .diagnosis.causes import CauseResult, GroupNames, build_graph, find_causes
 from .diagnosis.divergence import Divergence, find_divergence
 from .diagnosis.divergence import line as divergence_line
 from .diagnosis.failures import Failure, exited_ranks, failures_text, find_failures, unexplained
@@ -58,7 +58,7 @@ from .reading.columns import SAMPLE_COLUMNS
 from .reading.loader import Dataset, Folders, Progress, load_folder
 from .reading.rankdump import RankDump
 from .reading.sample import SAMPLE_PER_CHANNEL
-from .textutil import channel_text, group_text, plural, ranges, straggler_cost, straggler_pattern, who
+from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern, who
 from .timing.late_sites import late_at
 from .timing.shifts import timing_shifts
 from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
@@ -293,16 +293,21 @@ class Analysis:
         return unexplained(self.failures)
 
     @cached_property
+    def _progress(self) -> tuple[dict[tuple[int, str], tuple[int, int]], dict[tuple[int, str, str, int], tuple[int, int]]]:
+        """Each rank's (entered, completed) counters per group and per p2p pair (diagnosis/waits.py)."""
+        return progress_counters(self.dumps)
+
+    @cached_property
     def _left_in_flight(self) -> pd.DataFrame:
         """Ranks that exited normally with a collective still in flight that a peer never entered
         (diagnosis/waits.py `left_in_flight`): the host of a device backend left before its stream
         could finish."""
-        return left_in_flight(self.dumps, exited_ranks(self.dumps))
+        return left_in_flight(self._progress[0], exited_ranks(self.dumps))
 
     @cached_property
     def _receives_left_open(self) -> pd.DataFrame:
         """Receives in flight when their rank exited normally (diagnosis/waits.py `receives_left_open`)."""
-        return receives_left_open(self.dumps, exited_ranks(self.dumps))
+        return receives_left_open(self._progress[1], exited_ranks(self.dumps))
 
     @property
     def _only_unreadable(self) -> list[int]:
@@ -418,8 +423,8 @@ class Analysis:
 
     @cached_property
     def _group_texts(self) -> dict[str, str]:
-        """Group name -> `0 [0-3] (world)` (textutil.group_text)."""
-        return {str(g): group_text(g, d, r) for g, d, r in self.groups[["group", "desc", "ranks"]].itertuples(index=False)}
+        """Group name -> `0 [0-3] (world)`, as root causes name groups (diagnosis/causes.py `GroupNames`)."""
+        return GroupNames(self.groups).texts
 
     @cached_property
     def _late_at(self) -> dict[int, list[dict[str, Any]]]:
@@ -483,8 +488,7 @@ class Analysis:
             same = self._left_in_flight[(self._left_in_flight["group"] == first["group"])
                                         & (self._left_in_flight["entered"] == first["entered"])]
             group = str(first["group"])
-            behind = sorted(r for (r, g), (e, _) in progress_counters(self.dumps)[0].items()
-                            if g == group and e < int(first["entered"]))
+            behind = sorted(r for (r, g), (e, _) in self._progress[0].items() if g == group and e < int(first["entered"]))
             return (f"inconclusive: the ranks exited, but {who(int(r) for r in same['rank'])} left collective "
                     f"#{int(first['entered'])} of group {self._group_texts.get(group, group)} in flight, which "
                     f"{who(behind)} never entered (after {int(first['behind'])}): that op never completed, so the "

@@ -218,7 +218,7 @@ def find_causes(
 
 
 def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int, RankDump],
-                    absent: dict[int, str], entries: pd.DataFrame, desc: dict[str, str],
+                    absent: dict[int, str], entries: pd.DataFrame, desc: GroupNames,
                     groups: dict[str, tuple[int, ...]], entered: dict[tuple[int, str], int],
                     left_behind: dict[int, list[int]]) -> list[Cause]:
     """Put the ranks' failures in time order: the first own error (or, when peers only lost their
@@ -259,7 +259,7 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
 
 
 def _deserted(causes: list[Cause], failures: list[fail.Failure], absent: dict[int, str], entries: pd.DataFrame,
-              desc: dict[str, str], groups: dict[str, tuple[int, ...]], entered: dict[tuple[int, str], int],
+              desc: GroupNames, groups: dict[str, tuple[int, ...]], entered: dict[tuple[int, str], int],
               left_behind: dict[int, list[int]]) -> list[Cause]:
     """An `exited` cause for each rank that left while others still ran and failed without it, when no
     wait names it already (the others' last op may read completed: PyTorch's gloo recorder retires a
@@ -345,23 +345,19 @@ class GroupNames(dict[str, str]):
         return self.texts.get(str(group), str(group))
 
 
-def _label(group: str | None, seq: int | None, op: str | None, desc: dict[str, str]) -> str:
+def _label(group: str | None, seq: int | None, op: str | None, desc: GroupNames) -> str:
     """`all_reduce (group 2 [1, 3] (dp), seq 4)`."""
-    if isinstance(desc, GroupNames):
-        return f"{op} (group {desc.text(group)}, seq {seq})"
-    d = desc.get(group or "", "")
-    name = f"group {group}" + (f" ({d})" if d else "")
-    return f"{op} ({name}, seq {seq})"
+    return f"{op} (group {desc.text(group)}, seq {seq})"
 
 
-def _awaited_by(waited: dict[tuple[str, int, str], list[int]], desc: dict[str, str]) -> str:
+def _awaited_by(waited: dict[tuple[str, int, str], list[int]], desc: GroupNames) -> str:
     parts = [
         f"{_label(g, s, op, desc)} by rank{'s' if len(rs) > 1 else ''} {ranges(rs)}" for (g, s, op), rs in sorted(waited.items())
     ]
     return "; ".join(parts)
 
 
-def _missing(r: int, g: str, s: int, op: str, why: str, waited: dict[tuple[str, int, str], list[int]], desc: dict[str, str],
+def _missing(r: int, g: str, s: int, op: str, why: str, waited: dict[tuple[str, int, str], list[int]], desc: GroupNames,
              held: SideFile | None = None) -> Cause:
     detail = f"rank {r}: {why}; awaited in {_awaited_by(waited, desc)}"
     if held is not None:  # a stacks file that cannot say where the rank is now
@@ -372,7 +368,7 @@ def _missing(r: int, g: str, s: int, op: str, why: str, waited: dict[tuple[str, 
 
 
 def _holding_gil(r: int, g: str, s: int, op: str, held: SideFile, waited: dict[tuple[str, int, str], list[int]],
-                 waits: dict[int, Wait], desc: dict[str, str]) -> Cause | None:
+                 waits: dict[int, Wait], desc: GroupNames) -> Cause | None:
     """A rank with no dump whose held-GIL stacks were written after its peers began waiting for it: it was
     alive then (a dead or SIGSTOPped process writes nothing), its watchdog thread unable to run. Its main
     thread's stack says where. None when the file's time is unknown or earlier than the waits."""
@@ -396,7 +392,7 @@ def _holding_gil(r: int, g: str, s: int, op: str, held: SideFile, waited: dict[t
 
 
 def _not_entered(
-    r: int, g: str, s: int, op: str, waited: dict[tuple[str, int, str], list[int]], dump: RankDump, entries: pd.DataFrame, desc: dict[str, str]
+    r: int, g: str, s: int, op: str, waited: dict[tuple[str, int, str], list[int]], dump: RankDump, entries: pd.DataFrame, desc: GroupNames
 ) -> Cause:
     stack, source, where = _main_stack(dump.threads)
     last = _last_op(entries, r, desc)
@@ -448,7 +444,7 @@ def _other_threads(causes: list[Cause], dumps: dict[int, RankDump]) -> None:
             c.main_waits = stackview.waits_on_a_thread(stack, code)
 
 
-def _last_op(entries: pd.DataFrame, r: int, desc: dict[str, str]) -> str | None:
+def _last_op(entries: pd.DataFrame, r: int, desc: GroupNames) -> str | None:
     mine = entries.loc[entries["rank"] == r]
     if mine.empty:
         return None
@@ -457,11 +453,10 @@ def _last_op(entries: pd.DataFrame, r: int, desc: dict[str, str]) -> str | None:
         site = f" at {row['site']}"
     else:
         site = f", {CPP_SITE}" if row.get("source") == "c++" else ""
-    group = desc.text(row["group"]) if isinstance(desc, GroupNames) else row["group"]
-    return f"{row['op']} (group {group}, seq {row['seq']}, {row['state']}){site}"
+    return f"{row['op']} (group {desc.text(row['group'])}, seq {row['seq']}, {row['state']}){site}"
 
 
-def _mismatch_at(r: int, g: str, s: int, op: str, matched: MatchResult, desc: dict[str, str],
+def _mismatch_at(r: int, g: str, s: int, op: str, matched: MatchResult, desc: GroupNames,
                  kind: str = "coll") -> Cause:
     """Rank `r`'s mismatch cause in group `g`, at seq `s` when it mismatches there (else its first).
 
@@ -518,7 +513,7 @@ def _mismatch_sites(causes: list[Cause], entries: pd.DataFrame) -> None:
         c.site = sites.get((c.rank, str(c.group), int(c.seq or 0)))
 
 
-def _comm_stuck(stuck: list[Wait], group_members: list[int], desc: dict[str, str]) -> Cause:
+def _comm_stuck(stuck: list[Wait], group_members: list[int], desc: GroupNames) -> Cause:
     w0 = min(stuck, key=lambda w: w.rank)
     ranks = sorted(set(group_members) | {w.rank for w in stuck})
     states: dict[str, list[int]] = defaultdict(list)
@@ -552,7 +547,7 @@ def _comm_stuck(stuck: list[Wait], group_members: list[int], desc: dict[str, str
     )
 
 
-def _deadlock(graph: nx.DiGraph, comp: list[int], waits: dict[int, Wait], desc: dict[str, str]) -> list[Cause]:
+def _deadlock(graph: nx.DiGraph, comp: list[int], waits: dict[int, Wait], desc: GroupNames) -> list[Cause]:
     sub = graph.subgraph(comp)
     try:
         cycle = [u for u, _ in nx.find_cycle(sub, source=comp[0])]

@@ -11,8 +11,9 @@ completed is delivered, whatever its sender recorded; an older async p2p op no t
 way to the later op a thread is inside (pipelines post several transfers and wait on them in turn).
 
 Two weaker kinds of evidence are used and labelled: a rank whose last op *failed* (e.g. timed out)
-is taken as having been blocked there (at the oldest of its last failed ops), and on formats that cannot observe completion (PyTorch's gloo
-recorder) a rank's last op counts as blocking when some member never entered it. Members whose
+is taken as having been blocked there (at the oldest of its last failed ops), and on formats that
+cannot observe completion (PyTorch's gloo recorder) a rank's last op counts as blocking when some
+member never entered it. Members whose
 history is lost (the ring wrapped past the group) are "unknown", never assumed either way.
 """
 
@@ -601,10 +602,10 @@ def _short(ranks: dict[int, str] | set[int]) -> str:
     return ranges(r for r in ranks if r >= 0) or "?"
 
 
-def left_in_flight(dumps: dict[int, RankDump], finished: set[int]) -> pd.DataFrame:
+def left_in_flight(colls: dict[tuple[int, str], tuple[int, int]], finished: set[int]) -> pd.DataFrame:
     """Ranks that exited normally with a collective of theirs still in flight that a member of its
     group never entered: `[rank, group, entered, completed, behind]` (`behind`: the lowest count of
-    collectives a member of the group entered).
+    collectives a member of the group entered), from the collective counters of `progress_counters`.
 
     Why: on a device backend (NCCL, HCCL) the host returns before the op runs, so a rank can reach its
     exit while its stream still waits in an op a peer skipped; the exit looks clean, the op never
@@ -613,7 +614,6 @@ def left_in_flight(dumps: dict[int, RankDump], finished: set[int]) -> pd.DataFra
     columns = ["rank", "group", "entered", "completed", "behind"]
     if not finished:
         return pd.DataFrame(columns=columns)
-    colls, _ = progress_counters(dumps)
     table = pd.DataFrame([(r, g, e, c) for (r, g), (e, c) in colls.items()], columns=columns[:4])
     if table.empty:
         return pd.DataFrame(columns=columns)
@@ -623,8 +623,9 @@ def left_in_flight(dumps: dict[int, RankDump], finished: set[int]) -> pd.DataFra
     return table.loc[open_at_exit, columns].reset_index(drop=True)
 
 
-def receives_left_open(dumps: dict[int, RankDump], finished: set[int]) -> pd.DataFrame:
-    """Receives still in flight when their rank exited normally: `[rank, group, peer, entered, completed]`.
+def receives_left_open(pairs: dict[tuple[int, str, str, int], tuple[int, int]], finished: set[int]) -> pd.DataFrame:
+    """Receives still in flight when their rank exited normally: `[rank, group, peer, entered, completed]`,
+    from the p2p counters of `progress_counters`.
 
     Why: as with `left_in_flight`, a device backend's host can leave while its stream still waits for a
     transfer (two stages that both receive first); a receive that never completed is data that never
@@ -632,7 +633,6 @@ def receives_left_open(dumps: dict[int, RankDump], finished: set[int]) -> pd.Dat
     columns = ["rank", "group", "peer", "entered", "completed"]
     if not finished:
         return pd.DataFrame(columns=columns)
-    _, pairs = progress_counters(dumps)
     table = pd.DataFrame([(r, g, p, e, c) for (r, g, op, p), (e, c) in pairs.items() if op == "recv"], columns=columns)
     if table.empty:
         return table
