@@ -251,6 +251,7 @@ def _at_exit() -> None:
         return
     try:
         armed.exiting = True
+        armed.recorder.poll_works()  # a device op found done only by a poll: the watchdog may not have ticked since
         armed.watchdog.check_recovery(dump=False)  # a stall that ended just before the exit: the exit record tells it
         if armed.crashed:
             pass  # its exception dump is the evidence: an exit dump must not replace it

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import compat, log, peek
+from .backends import WAIT_MEANS_DONE, device_backend
 from .group_timeouts import GroupTimeout, group_timeout
 from .members import compact_ranks
 from .storage import c_base
@@ -112,25 +113,6 @@ class StreamGroupState(GroupState):  # type: ignore[misc]
     type keeps the C hot path (which completes blocking CPU calls on return) off its ops."""
 
     __slots__ = ()
-
-
-# Backends whose Work.wait() returns once the op is complete (the CPU path): every other backend is
-# taken to complete its Works later (a device stream, a progress thread), as NCCL does.
-WAIT_MEANS_DONE = frozenset({"gloo", "mpi"})
-
-
-# Backends whose Works on one device stream complete in the order they were issued (each group's
-# collectives share one stream; p2p ops one per peer): the watchdog polls their newest Work first.
-IN_ORDER = frozenset({"nccl", "hccl"})
-
-
-def device_backend(backend: str, device: str) -> str:
-    """The backend serving `device` tensors: `cpu:gloo,cuda:nccl`, `cuda` -> `nccl`; a single name serves
-    every device."""
-    if ":" not in backend:
-        return backend.lower()
-    served = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
-    return served.get(device, "").lower()
 
 
 def describe_group(pg: Any) -> GroupState | None:

@@ -19,9 +19,10 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 from . import log, torch_fr
+from .backends import IN_ORDER, device_backend
 from .device_timing import DeviceTiming
 from .entry import Entry, tensor_meta
-from .groups import IN_ORDER, GroupRegistry, GroupState, StreamGroupState, device_backend
+from .groups import GroupRegistry, GroupState, StreamGroupState
 from .ops import OpSpec, as_tensors
 from .ring import Ring
 from .settings import Settings

@@ -34,7 +34,7 @@ from ..reading.rankdump import RankDump, SideFile
 from ..textutil import group_text, plural, ranges
 from . import failures as fail
 from .matching import MatchResult
-from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, entered_seqs, progress_counters
+from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, entered_seqs, left_in_flight, progress_counters
 
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
 CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, CRASHED, EXITED, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
@@ -134,7 +134,11 @@ def find_causes(
     causes: list[Cause] = []
     notes: list[str] = []
 
-    sccs = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1 or graph.has_edge(next(iter(c)), next(iter(c)))]
+    # a wait on a rank that entered the op incompatibly (a mismatch) is the desync, not a wait that
+    # could close a cycle: the mismatched rank may have got through the op and wait further on
+    waiting = nx.subgraph_view(graph, filter_edge=lambda u, v: graph.edges[u, v].get("reason") != R_MISMATCH)
+    sccs = [sorted(c) for c in nx.strongly_connected_components(waiting)
+            if len(c) > 1 or waiting.has_edge(next(iter(c)), next(iter(c)))]
     sccs.sort()
     in_cycle = {r for c in sccs for r in c}
     for comp in sccs:
@@ -197,8 +201,10 @@ def find_causes(
     left_behind: dict[int, list[int]] = {}
     if failures:  # who left while others still ran: read once, for the causes and their victims
         groups = {str(g): tuple(int(r) for r in ranks) for g, ranks in members.items()}
-        entered = entered_seqs(entries, progress_counters(dumps)[0])
-        left_behind = fail.deserters(failures, entered, groups)
+        colls = progress_counters(dumps)[0]
+        entered = entered_seqs(entries, colls)
+        stranded = left_in_flight(colls, fail.exited_ranks(dumps))
+        left_behind = fail.deserters(failures, entered, groups, frozenset(stranded["rank"].astype(int)))
     causes = _order_failures(causes, failures or [], dumps, absent, entries, desc, groups, entered, left_behind)
     cause_ranks = {r for c in causes for r in (c.ranks or [c.rank])}
     fallen = {f.rank for f in failures or [] if f.kind != fail.EXITED}
@@ -279,10 +285,13 @@ def _deserted(causes: list[Cause], failures: list[fail.Failure], absent: dict[in
         at = entries.loc[entries["rank"].isin(behind) & (entries["group"] == g) & (entries["seq"] == seq)
                          & (entries["kind"] == "coll"), "op"]
         op = str(at.iloc[0]) if len(at) else None
+        failed = {f.rank for f in failures if f.kind != fail.EXITED}
+        then = ("then failed on the connection it closed" if set(behind) <= failed else
+                "and left with them in flight: their streams waited for it" if not set(behind) & failed else
+                "then failed on the connection it closed, or left with them in flight")
         detail = (f"rank {rank} exited normally" + (f" after {last}" if last else "")
                   + f" while rank{'s' if len(behind) > 1 else ''} {ranges(behind)} still ran collectives of group "
-                  f"{g} with it (entered seq {seq} and later, which it never joined), then failed on the connection "
-                  "it closed")
+                  f"{g} with it (entered seq {seq} and later, which it never joined), {then}")
         causes.append(Cause(rank=rank, kind=EXITED, group=g, seq=seq, op=op, detail=detail,
                             group_desc=desc.get(g, ""), last_op=last))
     return causes

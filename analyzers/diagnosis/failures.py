@@ -128,13 +128,14 @@ def crash_roots(failures: list[Failure], absent: set[int]) -> tuple[list[Failure
 
 
 def deserters(failures: list[Failure], entered: dict[tuple[int, str], int],
-              members: dict[str, tuple[int, ...]]) -> dict[int, list[int]]:
+              members: dict[str, tuple[int, ...]], stranded: frozenset[int] = frozenset()) -> dict[int, list[int]]:
     """Ranks that left cleanly while others still ran: an `exited` rank that entered fewer ops of a group
-    than a member that then failed (a lost connection, a timeout). That member issued ops the leaver never
-    joined, so they could not complete: it left one op early (a skipped backward, uneven data) and took
-    the others down. Returns leaver -> the failed ranks it left behind. `entered`: (rank, group) -> the
-    last seq the rank entered (its progress counters)."""
-    failed = {f.rank for f in failures if f.kind in (PEER_LOST, TIMED_OUT)}
+    than a member that then failed (a lost connection, a timeout), or that exited with a collective still
+    in flight (`stranded`: on a device backend its host left while its stream still waited). That member
+    issued ops the leaver never joined, so they could not complete: it left one op early (a skipped
+    backward, uneven data) and took the others down. Returns leaver -> the ranks it left behind.
+    `entered`: (rank, group) -> the last seq the rank entered (its progress counters)."""
+    failed = {f.rank for f in failures if f.kind in (PEER_LOST, TIMED_OUT)} | set(stranded)
     out: dict[int, list[int]] = {}
     for f in failures:
         if f.kind != EXITED:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from flightrec.backends import stream_ordered
+
 from ..constants import COMPLETED, CPP_SITE, FAILED, PENDING_STATES, UNKNOWN
 from ..keys import pack_keys
 from ..reading.rankdump import RankDump
@@ -132,7 +134,8 @@ def find_waits(
     ctx = _Ctx(entries, positions, members, dumps, absent, culprit_set, wrapped, [], known, *progress_counters(dumps),
                finished or set())
     waits = {r: w for r, w in _blocking(ctx).items() if r not in ctx.finished}  # exited: waits for nobody
-    for rank in [r for r, w in waits.items() if w.how == HOW_PENDING and w.async_only and _computing(dumps[r])]:
+    for rank in [r for r, w in waits.items()
+                 if w.how == HOW_PENDING and w.async_only and _computing(dumps[r]) and not _on_stream(dumps[r], w)]:
         del waits[rank]
         ctx.notes.append(f"rank {rank}: only async ops in flight and no thread inside an op (its dump says so): "
                          "it is computing, not waiting in them")
@@ -414,6 +417,14 @@ def _pairs(frame: pd.DataFrame) -> pd.MultiIndex:
     return pd.MultiIndex.from_arrays([frame["rank"], frame["group"].astype(object)])
 
 
+def _on_stream(dump: RankDump, wait: Wait) -> bool:
+    """Whether the ops the rank waits in run on a stream (NCCL, HCCL, a backend like them): there, an
+    op left in flight is where the stream waits, while the host thread may have run on to anything
+    (a blocking call returns as soon as it is queued)."""
+    backends = {g.name: g.backend for g in dump.groups}
+    return any(stream_ordered(backends.get(group, "")) for _, group, *_ in wait.positions)
+
+
 def _computing(dump: RankDump) -> bool:
     """The dump names, for every thread, the op it is inside (`in_op`), and no thread is inside one."""
     threads = dump.threads
@@ -585,7 +596,7 @@ def _p2p_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
         mine = waits.get(peer)
         if mine is None:
             continue
-        if any(p[0] == "p2p" and p[1] == g and p[2] == k and p[4] == w.rank for p in mine.positions):
+        if any(p[0] == "p2p" and p[1] == g and p[2] == k and p[3] == other and p[4] == w.rank for p in mine.positions):
             co_waits.append((w, peer, g))
         else:
             w.targets[peer] = R_BLOCKED
