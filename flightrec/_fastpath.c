@@ -312,9 +312,10 @@ static ThreadLayout T;
 /* constants shared by every wrapper */
 static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu;
 static PyObject *s_python, *s_cpu, *s_empty;
-static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_wait, *s_get_future, *s_add_done_callback,
-    *s_value, *s_async_op, *s_done, *s_is_cuda, *s_cuda;
+static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_wait, *s_async_op, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
+/* DeviceTiming's fields read by the C copy of its hot methods (device_timing.py) */
+static PyObject *s_capture_checks, *s_disabled, *s_open, *s_open_limit, *s_anchors, *s_pools, *s_factory, *s_record;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -408,7 +409,7 @@ typedef struct {
     PyObject *finish, *seq_after, *record_failure, *on_finish_error, *site_cache, *frame_class;
     PyObject *async_apis, *api_name, *op_name, *kind;
     /* device ops (NCCL, HCCL): patching._call_on_device's common case */
-    PyObject *stream_group_type, *polled, *wait_failed, *device_failed, *device_tail;
+    PyObject *stream_group_type, *polled, *wait_failed, *device_tail;
     PyObject *forced_from, *forced_kwnames; /* the last kwnames given and the same plus "async_op" */
     PyObject *names[NPARAMS], *defaults[NPARAMS];
     Py_ssize_t positions[NPARAMS];
@@ -431,7 +432,7 @@ typedef struct {
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
     X(tensor_type) X(by_work) X(work_type) X(async_slot) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
     X(frame_class) X(async_apis) X(api_name) X(op_name) X(kind) X(stream_group_type) X(polled) X(wait_failed) \
-    X(device_failed) X(device_tail) X(tls_state) X(site_code) X(site) X(last_pair) X(last_meta) X(step_group) \
+    X(device_tail) X(tls_state) X(site_code) X(site) X(last_pair) X(last_meta) X(step_group) \
     X(step_api) X(forced_from) X(forced_kwnames)
 
 static inline long long as_ll(PyObject *value, int *ok)
@@ -799,78 +800,6 @@ static PyObject *thread_state(PyObject *local, uint64_t *cached_id, PyObject **c
 
 /* ------------------------------------------------------------------ device ops */
 
-/* A device op's future callback (Recorder._on_device_future without a Python frame or a partial per
- * op): only an error is news, told to `failed(entry, exception)`; its success comes when the op was
- * queued, before the device ran it. */
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *entry, *failed;
-} FutureWatch;
-
-#define WATCH_OBJECTS(X) X(entry) X(failed)
-STORAGE_FUNCTIONS(future_watch, FutureWatch, WATCH_OBJECTS)
-
-static PyObject *future_watch_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    FutureWatch *self = (FutureWatch *)self_;
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "a future callback takes the future");
-        return NULL;
-    }
-    PyObject *value = PyObject_CallMethodNoArgs(args[0], s_value);
-    if (value != NULL) {
-        Py_DECREF(value);
-        Py_RETURN_NONE;
-    }
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* a KeyboardInterrupt: not the op's */
-    PyObject *type, *exc, *traceback;
-    PyErr_Fetch(&type, &exc, &traceback);
-    PyErr_NormalizeException(&type, &exc, &traceback);
-    if (traceback != NULL && exc != NULL) PyException_SetTraceback(exc, traceback);
-    PyObject *told = PyObject_CallFunctionObjArgs(self->failed, self->entry, exc ? exc : Py_None, NULL);
-    Py_XDECREF(told);
-    PyErr_Clear(); /* `failed` warns of its own errors */
-    Py_XDECREF(type);
-    Py_XDECREF(exc);
-    Py_XDECREF(traceback);
-    Py_RETURN_NONE;
-}
-
-static PyObject *future_watch_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
-{
-    PyObject *entry, *failed;
-    if (!PyArg_ParseTuple(args, "OO", &entry, &failed)) return NULL;
-    FutureWatch *self = future_watch_alloc(type);
-    if (self == NULL) return NULL;
-    Py_INCREF(entry);
-    Py_SETREF(self->entry, entry);
-    Py_INCREF(failed);
-    Py_SETREF(self->failed, failed);
-    self->vectorcall = future_watch_call;
-    return (PyObject *)self;
-}
-
-static PyMemberDef future_watch_members[] = {
-    {"entry", T_OBJECT, offsetof(FutureWatch, entry), READONLY, "the op's Entry"},
-    {NULL},
-};
-
-static PyTypeObject FutureWatchType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "flightrec._fastpath.FutureWatch",
-    .tp_basicsize = sizeof(FutureWatch),
-    .tp_dealloc = (destructor)future_watch_dealloc,
-    .tp_vectorcall_offset = offsetof(FutureWatch, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "FutureWatch(entry, failed): a device op's future callback; failed(entry, exc) when the future raised.",
-    .tp_traverse = (traverseproc)future_watch_traverse,
-    .tp_clear = (inquiry)future_watch_clear,
-    .tp_members = future_watch_members,
-    .tp_new = future_watch_new,
-};
-
 #define FORCED_MAX 24 /* arguments a forced-async call may have (positional and keyword) */
 
 /* The arguments of a blocking device call issued async (patching._force_async): `async_op` set to
@@ -912,8 +841,124 @@ static int force_async(Leaf *self, PyObject *const *args, Py_ssize_t nargs, PyOb
     return 0;
 }
 
+/* ------------------------------------------------------------------ device events */
+
+/* DeviceTiming.before and .waited (device_timing.py, the reference) in their common case, with no
+ * Python frame: an event from the device's pool (or its factory), recorded on the current stream,
+ * filed in `_open`. Anything else (a device seen for the first time, a capture under way, timing
+ * disabled, an error) returns -1: the caller then calls the Python method, which handles it. */
+static PyObject *timing_event(PyObject *d, PyObject *device)
+{
+    PyObject *pools = PyDict_GetItemWithError(d, s_pools);
+    PyObject *pool = pools != NULL && PyDict_CheckExact(pools) ? PyDict_GetItemWithError(pools, device) : NULL;
+    PyObject *event = NULL;
+    if (pool != NULL && PyList_CheckExact(pool) && PyList_GET_SIZE(pool) > 0) {
+        Py_ssize_t last = PyList_GET_SIZE(pool) - 1;
+        event = PyList_GET_ITEM(pool, last);
+        Py_INCREF(event);
+        if (PyList_SetSlice(pool, last, last + 1, NULL) < 0) { Py_DECREF(event); return NULL; }
+    } else {
+        PyObject *factory = PyDict_GetItemWithError(d, s_factory);
+        if (factory == NULL) return NULL;
+        event = PyObject_CallOneArg(factory, device);
+        if (event == NULL) return NULL;
+    }
+    PyObject *done = PyObject_CallMethodNoArgs(event, s_record);
+    if (done == NULL) {
+        Py_DECREF(event);
+        return NULL;
+    }
+    Py_DECREF(done);
+    return event;
+}
+
+/* 1: the stream is being captured (or the query failed): the Python method decides; 0: not. */
+static int capturing(PyObject *d, PyObject *device)
+{
+    PyObject *checks = PyDict_GetItemWithError(d, s_capture_checks);
+    PyObject *check = checks != NULL && PyDict_CheckExact(checks) ? PyDict_GetItemWithError(checks, device) : NULL;
+    if (check == NULL) return 1; /* not resolved yet */
+    if (check == Py_None) return 0; /* that device cannot capture */
+    PyObject *said = PyObject_CallNoArgs(check);
+    int yes = said == NULL ? 1 : PyObject_IsTrue(said) != 0;
+    Py_XDECREF(said);
+    return yes;
+}
+
+static int timing_before(PyObject *timing, PyObject *entry, PyObject *device)
+{
+    PyObject *d = PyObject_GenericGetDict(timing, NULL);
+    if (d == NULL) { PyErr_Clear(); return -1; }
+    int out = -1;
+    PyObject *open = PyDict_GetItemWithError(d, s_open);
+    PyObject *limit = PyDict_GetItemWithError(d, s_open_limit);
+    PyObject *anchors = PyDict_GetItemWithError(d, s_anchors);
+    if (PyDict_GetItemWithError(d, s_disabled) != Py_False || open == NULL || !PyDict_CheckExact(open)
+        || limit == NULL || !PyLong_CheckExact(limit) || anchors == NULL || !PyDict_CheckExact(anchors)
+        || PyDict_GetItemWithError(anchors, device) == NULL || capturing(d, device))
+        goto done;
+    if (PyDict_GET_SIZE(open) >= PyLong_AsSsize_t(limit)) { /* the watchdog is not keeping up: time fewer ops */
+        out = 0;
+        goto done;
+    }
+    PyObject *start = timing_event(d, device);
+    if (start == NULL) goto done;
+    PyObject *record = PyList_New(4);
+    PyObject *key = PyLong_FromLongLong(EN(entry)->id);
+    if (record != NULL && key != NULL) {
+        Py_INCREF(entry);
+        Py_INCREF(device);
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(record, 0, entry);
+        PyList_SET_ITEM(record, 1, device);
+        PyList_SET_ITEM(record, 2, start);
+        PyList_SET_ITEM(record, 3, Py_None);
+        start = NULL;
+        if (PyDict_SetItem(open, key, record) == 0) out = 0;
+    }
+    Py_XDECREF(start);
+    Py_XDECREF(record);
+    Py_XDECREF(key);
+done:
+    PyErr_Clear();
+    Py_DECREF(d);
+    return out;
+}
+
+static int timing_waited(PyObject *timing, PyObject *entry, int since_issue)
+{
+    PyObject *d = PyObject_GenericGetDict(timing, NULL);
+    if (d == NULL) { PyErr_Clear(); return -1; }
+    int out = -1;
+    PyObject *open = PyDict_GetItemWithError(d, s_open);
+    PyObject *key = open != NULL && PyDict_CheckExact(open) ? PyLong_FromLongLong(EN(entry)->id) : NULL;
+    PyObject *record = key != NULL ? PyDict_GetItemWithError(open, key) : NULL;
+    Py_XDECREF(key);
+    if (record == NULL) {
+        if (key != NULL && !PyErr_Occurred()) out = 0; /* not timed: nothing to end */
+        goto done;
+    }
+    if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != 4) goto done;
+    if (PyList_GET_ITEM(record, 3) != Py_None) { out = 0; goto done; }
+    PyObject *device = PyList_GET_ITEM(record, 1);
+    if (since_issue && capturing(d, device)) goto done;
+    Py_INCREF(record);
+    PyObject *end = timing_event(d, device);
+    if (end != NULL) {
+        PyList_SetItem(record, 3, end); /* steals end */
+        out = 0;
+    }
+    Py_DECREF(record);
+done:
+    PyErr_Clear();
+    Py_DECREF(d);
+    return out;
+}
+
 /* Recorder.watch_work's device case: the Work kept on the entry, the entry polled by the watchdog
- * (Work.is_completed) and, for an async op, found by its Work.wait; its future's error marks it failed. */
+ * (Work.is_completed, then Work.exception: a failure is found there) and, for an async op, found by
+ * its Work.wait. Its future is not watched: NCCL (and torch_npu's HCCL) complete it with its value
+ * as soon as the op is queued, so it can never carry the op's error (recorder.py `watch_work`). */
 static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocking)
 {
     set_slot(entry, E_(work), work);
@@ -925,20 +970,6 @@ static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocki
         if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
         Py_XDECREF(key);
     }
-    PyObject *future = PyObject_CallMethodNoArgs(work, s_get_future);
-    PyObject *watch = future ? PyObject_CallFunctionObjArgs((PyObject *)&FutureWatchType, entry, self->device_failed, NULL)
-                             : NULL;
-    PyObject *done = watch ? PyObject_CallMethodNoArgs(future, s_done) : NULL;
-    PyObject *told = NULL;
-    if (done == Py_True) /* NCCL's is, once the op is queued: the callback would run now, without its wrapping */
-        told = PyObject_CallOneArg(watch, future);
-    else if (done != NULL)
-        told = PyObject_CallMethodOneArg(future, s_add_done_callback, watch);
-    Py_XDECREF(told);
-    Py_XDECREF(done);
-    Py_XDECREF(watch);
-    Py_XDECREF(future);
-    PyErr_Clear(); /* no future (some backends): polled only */
 }
 
 /* patching._call_on_device after the call, for the C hot path's device op (`result` stolen). The
@@ -974,9 +1005,11 @@ static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObj
     }
     Py_DECREF(waited);
     /* the end event, with no second capture check: no capture can have begun since the call */
-    waited = PyObject_CallMethodObjArgs(timing, s_waited, entry, Py_False, NULL);
-    Py_XDECREF(waited);
-    PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
+    if (timing_waited(timing, entry, 0) < 0) {
+        waited = PyObject_CallMethodObjArgs(timing, s_waited, entry, Py_False, NULL);
+        Py_XDECREF(waited);
+        PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
+    }
     Py_DECREF(result);
     Py_RETURN_NONE;
 }
@@ -1155,10 +1188,13 @@ record:;
     /* ---- the call: the watchdog finds the op through its thread's in_leaf (Recorder.in_flight) */
     set_slot(tls, T.in_leaf, entry);
     if (timing != NULL) { /* a start event on the current stream, unless it is being captured into a graph */
-        PyObject *said = PyObject_CallMethodOneArg(timing, s_before, entry);
-        int captured = said != NULL && PyObject_IsTrue(said) == 1;
-        Py_XDECREF(said);
-        PyErr_Clear(); /* DeviceTiming.before warns of its own errors */
+        int captured = 0;
+        if (timing_before(timing, entry, device) < 0) {
+            PyObject *said = PyObject_CallMethodOneArg(timing, s_before, entry);
+            captured = said != NULL && PyObject_IsTrue(said) == 1;
+            Py_XDECREF(said);
+            PyErr_Clear(); /* DeviceTiming.before warns of its own errors */
+        }
         PyObject *result = PyObject_Vectorcall(self->original, call_args, call_nargsf, call_kwnames);
         result = finish_device(self, tls, entry, group, record_id, seq_before, result, timing, captured, blocking);
         Py_DECREF(timing);
@@ -1413,8 +1449,10 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
         } else {
             PyObject *timing = PyDict_GetItemWithError(self->rec_dict, s_device_timing);
             Py_XINCREF(timing);
-            PyObject *done = timing ? PyObject_CallMethodOneArg(timing, s_waited, entry) : NULL;
-            Py_XDECREF(done);
+            if (timing != NULL && timing_waited(timing, entry, 1) < 0) {
+                PyObject *done = PyObject_CallMethodOneArg(timing, s_waited, entry);
+                Py_XDECREF(done);
+            }
             Py_XDECREF(timing);
             PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
             if (key == NULL) key = PyLong_FromVoidPtr(work); /* the slot holds CPU ops only */
@@ -1550,8 +1588,205 @@ static PyTypeObject WaitType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* del dict[key] if there, raising nothing (a miss costs no KeyError) */
+static void discard(PyObject *dict, PyObject *key)
+{
+    if (key == NULL) { PyErr_Clear(); return; }
+    PyObject *found = PyDict_GetItemWithError(dict, key);
+    if (found != NULL && PyDict_DelItem(dict, key) < 0) PyErr_Clear();
+    if (found == NULL) PyErr_Clear();
+}
+
+/* Recorder.complete_unmeasured for many entries at once: the watchdog's poll found them done (a
+ * device stream's ops, or ops of a backend polled one by one). Each is completed with no time (a
+ * poll's moment is not the op's end), lets go of its Work and leaves every table, as
+ * Recorder._release does: one C loop instead of a Python call per op with the GIL held. */
+static PyObject *complete_unmeasured(PyObject *module, PyObject *args)
+{
+    PyObject *entries, *by_work, *pending, *polled, *slot;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O", &PyList_Type, &entries, &PyDict_Type, &by_work, &PyDict_Type, &pending,
+                          &PyDict_Type, &polled, &slot))
+        return NULL;
+    if (entry_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "complete_unmeasured before configure()");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(entries);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyObject_TypeCheck(PyList_GET_ITEM(entries, i), entry_type)) {
+            PyErr_SetString(PyExc_TypeError, "complete_unmeasured: not an Entry");
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PyList_GET_ITEM(entries, i);
+        EntryObject *e = EN(entry);
+        e->t_complete_ns = NO_TIME;
+        e->state = COMPLETED;
+        PyObject *work = e->work;
+        Py_INCREF(Py_None);
+        e->work = Py_None;
+        if (work != NULL && work != Py_None && PyDict_GET_SIZE(by_work) > 0) {
+            PyObject *key = PyLong_FromVoidPtr(work);
+            discard(by_work, key);
+            Py_XDECREF(key);
+        }
+        Py_XDECREF(work);
+        if (Py_IS_TYPE(slot, &AsyncSlotType) && ((AsyncSlot *)slot)->entry == entry) slot_empty((AsyncSlot *)slot);
+        PyObject *id = PyLong_FromLongLong(e->id);
+        if (PyDict_GET_SIZE(pending) > 0) discard(pending, id);
+        discard(polled, id);
+        Py_XDECREF(id);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Recorder.poll_works's walk over `polled` (the device and late ops the watchdog polls): each entry
+ * sorted, with no Python frame per op, into (stale keys to drop, in-order streams, others, misses).
+ * A stream is (group, peer for p2p else -1, device) of an op on a device whose backend completes one
+ * stream's Works in issue order (`in_order`: (group, device) -> bool, Recorder._in_order's cache);
+ * `misses` are ops whose (group, device) is not in that cache yet: Python sorts them. */
+static PyObject *scan_polled(PyObject *module, PyObject *args)
+{
+    PyObject *polled, *in_order;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &polled, &PyDict_Type, &in_order)) return NULL;
+    if (entry_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "scan_polled before configure()");
+        return NULL;
+    }
+    PyObject *stale = PyList_New(0), *streams = PyDict_New(), *others = PyList_New(0), *misses = PyList_New(0);
+    if (stale == NULL || streams == NULL || others == NULL || misses == NULL) goto fail;
+    Py_ssize_t pos = 0;
+    PyObject *key, *entry;
+    /* consecutive ops are mostly of one group and device, one stream: looked up once per run */
+    PyObject *last_group = NULL, *last_device = NULL, *last_ordered = NULL, *last_ops = NULL;
+    long long last_peer = 0;
+    while (PyDict_Next(polled, &pos, &key, &entry)) {
+        if (!PyObject_TypeCheck(entry, entry_type)) {
+            PyErr_SetString(PyExc_TypeError, "scan_polled: not an Entry");
+            goto fail;
+        }
+        EntryObject *e = EN(entry);
+        PyObject *work = e->work;
+        if (work == NULL || work == Py_None || (e->state != ENQUEUED && e->state != STARTED)) {
+            if (PyList_Append(stale, key) < 0) goto fail;
+            continue;
+        }
+        int is_cpu = e->device == NULL || !PyUnicode_Check(e->device) || str_equal(e->device, s_cpu);
+        PyObject *ordered = NULL;
+        if (!is_cpu) {
+            if (e->group == last_group && e->device == last_device) {
+                ordered = last_ordered;
+            } else {
+                PyObject *where = PyTuple_Pack(2, e->group, e->device);
+                ordered = where ? PyDict_GetItemWithError(in_order, where) : NULL;
+                Py_XDECREF(where);
+                if (ordered == NULL && PyErr_Occurred()) goto fail;
+                last_group = e->group, last_device = e->device, last_ordered = ordered, last_ops = NULL;
+            }
+        }
+        int rc;
+        if (is_cpu || ordered == NULL || ordered == Py_False) {
+            PyObject *item = PyTuple_Pack(3, key, entry, work);
+            rc = item ? PyList_Append(is_cpu || ordered == Py_False ? others : misses, item) : -1;
+            Py_XDECREF(item);
+        } else {
+            int p2p = e->kind != NULL && PyUnicode_Check(e->kind) && PyUnicode_GET_LENGTH(e->kind) == 3;
+            long long peer_rank = p2p ? e->peer : -1;
+            PyObject *ops = last_ops != NULL && peer_rank == last_peer ? last_ops : NULL;
+            if (ops == NULL) {
+                PyObject *peer = PyLong_FromLongLong(peer_rank);
+                PyObject *stream = peer ? PyTuple_Pack(3, e->group, peer, e->device) : NULL;
+                ops = stream ? PyDict_GetItemWithError(streams, stream) : NULL;
+                if (stream != NULL && ops == NULL && !PyErr_Occurred()) {
+                    ops = PyList_New(0);
+                    if (ops != NULL && PyDict_SetItem(streams, stream, ops) < 0) Py_CLEAR(ops);
+                    Py_XDECREF(ops); /* the dict holds it */
+                }
+                Py_XDECREF(stream);
+                Py_XDECREF(peer);
+                last_ops = ops, last_peer = peer_rank;
+            }
+            PyObject *pair = ops ? PyTuple_Pack(2, entry, work) : NULL;
+            rc = pair ? PyList_Append(ops, pair) : -1;
+            Py_XDECREF(pair);
+        }
+        if (rc < 0) goto fail;
+    }
+    return Py_BuildValue("(NNNN)", stale, streams, others, misses);
+fail:
+    Py_XDECREF(stale);
+    Py_XDECREF(streams);
+    Py_XDECREF(others);
+    Py_XDECREF(misses);
+    return NULL;
+}
+
+/* DeviceTiming.recycle's walk (device_timing.py, the reference): the open records of ops the ring
+ * has dropped (id below `oldest_kept`, or their entry reused for a newer op), oldest first, taken
+ * out of `open`, their events back to their device's pool (at most `pool_limit` each). Returns how
+ * many. The caller holds DeviceTiming._reading. */
+static PyObject *recycle_open(PyObject *module, PyObject *args)
+{
+    PyObject *open, *pools;
+    long long oldest_kept;
+    Py_ssize_t pool_limit;
+    if (!PyArg_ParseTuple(args, "O!LO!n", &PyDict_Type, &open, &oldest_kept, &PyDict_Type, &pools, &pool_limit))
+        return NULL;
+    if (entry_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "recycle_open before configure()");
+        return NULL;
+    }
+    PyObject *gone = PyList_New(0);
+    if (gone == NULL) return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *key, *record;
+    while (PyDict_Next(open, &pos, &key, &record)) {
+        if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != 4 || !PyLong_CheckExact(key)
+            || !PyObject_TypeCheck(PyList_GET_ITEM(record, 0), entry_type)) {
+            PyErr_SetString(PyExc_TypeError, "recycle_open: not an open record");
+            Py_DECREF(gone);
+            return NULL;
+        }
+        long long id = PyLong_AsLongLong(key);
+        if (id >= oldest_kept && EN(PyList_GET_ITEM(record, 0))->id == id) break; /* ids are in order */
+        if (PyList_Append(gone, key) < 0) { Py_DECREF(gone); return NULL; }
+    }
+    Py_ssize_t dropped = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gone); i++) {
+        PyObject *k = PyList_GET_ITEM(gone, i);
+        PyObject *rec = PyDict_GetItemWithError(open, k);
+        if (rec == NULL) { PyErr_Clear(); continue; }
+        Py_INCREF(rec);
+        if (PyDict_DelItem(open, k) < 0) { PyErr_Clear(); Py_DECREF(rec); continue; }
+        dropped++;
+        PyObject *device = PyList_GET_ITEM(rec, 1);
+        PyObject *pool = PyDict_GetItemWithError(pools, device);
+        if (pool == NULL && !PyErr_Occurred()) {
+            pool = PyList_New(0);
+            if (pool != NULL && PyDict_SetItem(pools, device, pool) < 0) Py_CLEAR(pool);
+            Py_XDECREF(pool); /* the dict holds it */
+        }
+        if (pool != NULL && PyList_CheckExact(pool) && PyList_GET_SIZE(pool) < pool_limit) {
+            if (PyList_Append(pool, PyList_GET_ITEM(rec, 2)) < 0) PyErr_Clear();
+            PyObject *end = PyList_GET_ITEM(rec, 3);
+            if (end != Py_None && PyList_Append(pool, end) < 0) PyErr_Clear();
+        }
+        PyErr_Clear();
+        Py_DECREF(rec);
+    }
+    Py_DECREF(gone);
+    return PyLong_FromSsize_t(dropped);
+}
+
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS, "configure(Entry, GroupState, ThreadState): learn their slot layout"},
+    {"complete_unmeasured", complete_unmeasured, METH_VARARGS,
+     "complete_unmeasured(entries, by_work, pending, polled, async_slot): completed, unmeasured, released"},
+    {"scan_polled", scan_polled, METH_VARARGS,
+     "scan_polled(polled, in_order) -> (stale keys, streams, others, misses): Recorder.poll_works's walk"},
+    {"recycle_open", recycle_open, METH_VARARGS,
+     "recycle_open(open, oldest_kept, pools, pool_limit) -> dropped: DeviceTiming.recycle's walk"},
     {NULL},
 };
 
@@ -1567,15 +1802,16 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
     INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_before, "before")
-    INTERN(s_waited, "waited") INTERN(s_wait, "wait") INTERN(s_get_future, "get_future")
-    INTERN(s_add_done_callback, "add_done_callback") INTERN(s_value, "value") INTERN(s_async_op, "async_op")
-    INTERN(s_done, "done") INTERN(s_is_cuda, "is_cuda") INTERN(s_cuda, "cuda")
+    INTERN(s_waited, "waited") INTERN(s_wait, "wait")
+    INTERN(s_capture_checks, "_capture_checks") INTERN(s_disabled, "disabled") INTERN(s_open, "_open")
+    INTERN(s_open_limit, "_open_limit") INTERN(s_anchors, "_anchors") INTERN(s_pools, "_pools")
+    INTERN(s_factory, "_factory") INTERN(s_record, "record")
+    INTERN(s_async_op, "async_op") INTERN(s_is_cuda, "is_cuda") INTERN(s_cuda, "cuda")
     for (int i = 0; i < N_STATES; i++) INTERN(STATE_NAMES[i], STATE_TEXT[i])
     if ((empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&LeafType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&EntryBaseType) < 0
-        || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&AsyncSlotType) < 0
-        || PyType_Ready(&FutureWatchType) < 0)
+        || PyType_Ready(&GroupBaseType) < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&AsyncSlotType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
@@ -1585,14 +1821,12 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     Py_INCREF(&CounterType);
     Py_INCREF(&GroupBaseType);
     Py_INCREF(&AsyncSlotType);
-    Py_INCREF(&FutureWatchType);
     if (PyModule_AddObject(module, "Leaf", (PyObject *)&LeafType) < 0
         || PyModule_AddObject(module, "Wait", (PyObject *)&WaitType) < 0
         || PyModule_AddObject(module, "EntryBase", (PyObject *)&EntryBaseType) < 0
         || PyModule_AddObject(module, "Counter", (PyObject *)&CounterType) < 0
         || PyModule_AddObject(module, "GroupBase", (PyObject *)&GroupBaseType) < 0
         || PyModule_AddObject(module, "AsyncSlot", (PyObject *)&AsyncSlotType) < 0
-        || PyModule_AddObject(module, "FutureWatch", (PyObject *)&FutureWatchType) < 0
         || PyModule_AddIntConstant(module, "SUPPORTED", FASTPATH_SUPPORTED) < 0) {
         Py_DECREF(module);
         return NULL;

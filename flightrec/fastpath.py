@@ -97,7 +97,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
         "always_async": int(spec.is_async_api), "has_endpoint": int(bool(spec.root or spec.peer)),
         "params": params,
         "stream_group_type": StreamGroupState, "polled": rec.polled, "wait_failed": _wait_failed(rec),
-        "device_failed": rec.device_failed, "device_tail": device_tail,
+        "device_tail": device_tail,
         "has_async": int("async_op" in spec.positions), "async_position": spec.positions.get("async_op", -1),
     }
     return _build(_fastpath.Leaf, config, slow, spec.api)
@@ -117,7 +117,11 @@ def device_op_tail(rec: Recorder, spec: OpSpec, entry: Entry, group: GroupState,
         return None if blocking else result
     if blocking or result is None:
         if result is not None:
-            result.wait()  # the current stream now waits for the op (its host returns at once)
+            try:
+                result.wait()  # the current stream now waits for the op (its host returns at once)
+            except BaseException as exc:
+                _wait_failed(rec)(entry, result, exc)  # as the C path tells it
+                raise
         try:
             rec.device_timing.waited(entry, since_issue=False)  # so the end event marks the op's end
         except Exception as exc:  # noqa: BLE001

@@ -35,15 +35,18 @@ from flightrec.device_timing import DeviceTiming
 from benchmarks import standin
 
 class FailedWork(dist._Work):
-    # an op the device failed: its future holds the error, its wait raises it
+    # an op the device failed, as NCCL's Work tells it: completed, the error on the Work (exception()),
+    # raised by its wait; its future completed with the value when the op was queued
     def __init__(self):
         super().__init__()
         self.future_ = torch.futures.Future()
-        self.future_.set_exception(RuntimeError("device op failed"))
+        self.future_.set_result(None)
     def wait(self, timeout=None):
         raise RuntimeError("device op failed")
     def is_completed(self):
         return True
+    def exception(self):
+        return RuntimeError("device op failed")
     def get_future(self):
         return self.future_
 
