@@ -1,4 +1,4 @@
-"""The device path on a real GPU, in one run of ~4-5 minutes (issue 24): run it whenever a GPU is lent.
+"""The device path on a real GPU, in one run of ~4-5 minutes: run it whenever a GPU is lent.
 
     python benchmarks/gpu_check.py --build --out DIR   # JSON results in DIR/gpu_check.json, exit 1 if a check failed
 

@@ -122,12 +122,16 @@ def test_core_dependencies_are_the_recorders_and_the_analyze_extra_is_what_parts
     assert "flightrec[analyze]" in project["optional-dependencies"]["notebook"]
 
 
-def test_readme_demo_installs_no_test_tools_and_ci_installs_the_test_extra() -> None:
+def test_readme_demo_installs_no_test_tools_and_the_test_command_installs_the_test_extra() -> None:
+    """The README opens with the demo and the test command; the test command is the script CI runs."""
     commands = [line[4:] for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("    ")]
-    demo = next(c for c in commands if "pip install" in c and "flightrec demo" in c)
-    assert "'.[analyze]'" in demo and "test" not in demo and "pytest" not in demo, demo
-    ci = next(c for c in commands if re.search(r"pip install .*pytest", c))  # the line .ci/run runs
-    assert "'.[test]'" in ci, ci
+    demo, test = commands[:2]
+    assert "flightrec demo" in demo and "'.[analyze]'" in demo and "test" not in demo and "pytest" not in demo, demo
+    assert test == ".ci/test", test
+    script = (ROOT / ".ci" / "test").read_text()
+    assert "pip install -q torch==2.13.0" in script and "pip install -q -e '.[test]'" in script, script
+    assert script.index("torch==2.13.0") < script.index("'.[test]'")  # the CPU build before anything pulls torch
+    assert "exec .ci/test" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_analysis_command_without_its_dependencies_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

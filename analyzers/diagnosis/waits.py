@@ -533,6 +533,8 @@ def _coll_targets(ctx: _Ctx, waits: dict[int, Wait]) -> None:
         candidates = members[entered][~done]
         elsewhere = candidates[np.isin(candidates, blocked_ranks) & ~np.isin(candidates, list(blocked_at[(g, s)]))]
         left = candidates[np.isin(candidates, finished)]  # posted it (async), then exited without completing it
+        if not_entered.any():  # ... only a cause when every member entered: else it waited for the same rank
+            left = left[:0]
         reasons: dict[int, str] = {int(m): ctx.absent[int(m)] for m in members[is_absent]}
         reasons.update({int(m): R_NOT_ENTERED for m in members[not_entered]})
         reasons.update({int(m): R_BLOCKED for m in elsewhere})

@@ -58,7 +58,7 @@ def test_a_dump_file_instead_of_a_folder_names_the_folder_to_pass(tmp_path: Path
 
 
 def test_html_without_matplotlib_says_which_extra_draws_the_plots(tmp_path: Path, monkeypatch) -> None:
-    """The README says `--html` writes the page without matplotlib and names the extra for the plots."""
+    """docs/configuration.md says `--html` writes the page without matplotlib and names the extra for the plots."""
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: its import fails
@@ -66,5 +66,5 @@ def test_html_without_matplotlib_says_which_extra_draws_the_plots(tmp_path: Path
     code, _, err = _run("analyze", str(folder), "--html", str(tmp_path / "r.html"))
     page = (tmp_path / "r.html").read_text()
     assert code == 0 and "pip install 'flightrec[notebook]'" in page.replace("&#x27;", "'"), page[-2000:]
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert "without it the page is written" in readme and "TORCH_FR_BUFFER_SIZE=2000" in readme
+    config = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    assert "without it the page is written" in config and "TORCH_FR_BUFFER_SIZE=2000" in config

@@ -86,3 +86,17 @@ def test_a_rank_that_left_early_while_the_others_streams_waited_is_named(tmp_pat
     assert report["verdict"] == "hang", report["summary"]
     assert _causes(report) == [(1, "exited")]
     assert report["root_causes"][0]["victims"] == [0, 2, 3]
+
+
+def test_ranks_that_entered_the_op_and_left_are_not_what_holds_it(tmp_path: Path) -> None:
+    """Rank 2 skipped all_reduce #4 and exited; ranks 1 and 3 entered it and exited with it in flight (its
+    error ended their streams); rank 0 still waits in it. Only the rank that never entered holds it."""
+    job = Job(4, backend="nccl", counters=True)
+    for _ in range(3):
+        job.collective("0")
+    job.collective("0", ranks=[0, 1, 3], state="started")
+    for rank in (1, 2, 3):
+        job.set(rank, reason="exit", reason_detail="normal interpreter exit", exit_record=True, threads=[])
+    report = _report(job, tmp_path)
+    assert report["verdict"] == "hang", report["summary"]
+    assert _causes(report) == [(2, "exited")]

@@ -343,7 +343,7 @@ class _DevTools:
     def __init__(self, tmp: Path, timeout_s: float = 90.0) -> None:
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         if chromium is None:
-            pytest.skip("chromium is not installed (CI installs it: see the README's test command)")
+            pytest.skip("chromium is not installed (.ci/test installs it)")
         self.deadline = time.monotonic() + timeout_s
         to_child, self._send = _pipe_high()
         self._recv, from_child = _pipe_high()
