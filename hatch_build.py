@@ -1,4 +1,4 @@
-"""Build hook: compile the optional C parts (the recorder's hot path flightrec/_fastpath.c, the
+"""Build hook: compile the optional C parts (the recorder's hot path flightrec/record/_fastpath.c, the
 analyzer's pickle reader analyzers/_pickle_columns.c), and place the analyzer, the notebook and the
 demo's job inside the package of a (non-editable) wheel (`BUNDLED`).
 
@@ -27,13 +27,13 @@ except ImportError:  # benchmarks/gpu_check.py builds in place with `compile_ext
 
 # each C source, and where its extension lives in the source tree and in a (non-editable) wheel
 EXTENSIONS = {
-    os.path.join("flightrec", "_fastpath.c"): ("flightrec", "flightrec"),
+    os.path.join("flightrec", "record", "_fastpath.c"): (os.path.join("flightrec", "record"), "flightrec/record"),
     os.path.join("analyzers", "_pickle_columns.c"): ("analyzers", "flightrec/analyzers"),
 }
 # What the wheel ships inside the package although the source tree keeps it at the top: a wheel must
-# not install top-level `analyzers` or `fixtures` packages (PyPI has both names). flightrec/parts.py
+# not install top-level `analyzers` or `fixtures` packages (PyPI has both names). flightrec/cli/components.py
 # finds each in either place. Editable installs map nothing: they expose `flightrec` alone
-# (pyproject.toml: dev-mode-exact) and parts.py finds these next to it.
+# (pyproject.toml: dev-mode-exact) and cli/components.py finds these next to it.
 BUNDLED = {
     "analyzers": "flightrec/analyzers",
     "notebooks/postmortem.ipynb": "flightrec/notebooks/postmortem.ipynb",

@@ -63,8 +63,8 @@ from .timing.late_sites import late_at
 from .timing.shifts import timing_shifts
 from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
 
-SNAPSHOT_REASON = "snapshot"  # flightrec.control.SNAPSHOT (the analyzer does not import the recorder)
-# flightrec.control.RUNNING: dumps of a running job (a snapshot; a rank whose hang recovered, control.RECOVERED)
+SNAPSHOT_REASON = "snapshot"  # flightrec.arming.SNAPSHOT (the analyzer does not import the recorder)
+# flightrec.arming.RUNNING: dumps of a running job (a snapshot; a rank whose hang recovered, control.RECOVERED)
 RUNNING_REASONS = (SNAPSHOT_REASON, "recovered")
 # ... and a dump asked for by `flightrec dump-now` (a snapshot by hand): the job ran on after it
 LIVE_REASONS = (*RUNNING_REASONS, "manual")

@@ -1,4 +1,4 @@
-"""Click commands `analyze` and `show`; `flightrec/cli.py` registers them into the `flightrec` group.
+"""Click commands `analyze` and `show`; `flightrec/cli/commands.py` registers them into the `flightrec` group.
 
 Why here and not in flightrec/: the recorder must stay importable without pandas or networkx; only
 these commands pull the analyzer in. Exit codes: 0 analyzed (whatever the verdict), 2 unusable input.

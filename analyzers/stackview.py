@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from flightrec.libraries import LIBRARY as LIBRARY_FILES
+from flightrec.format.libraries import LIBRARY as LIBRARY_FILES
 
 FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<func>.*)$")
 OMITTED = re.compile(r"^\.\.\. (\d+) frames? omitted \.\.\.$")
 # frames that are not the user's code: installed packages, the standard library, frozen modules,
 # known frameworks (torch, DeepSpeed, Megatron, ...) wherever they are, the recorder itself: the same
-# definition the recorder places call sites by (flightrec/libraries.py)
+# definition the recorder places call sites by (flightrec/format/libraries.py)
 LIBRARY = LIBRARY_FILES
 STACK_LINES = 12  # frames a report keeps of one stack
 OUTER_USER_FRAMES = 3  # of which the outermost frames of the user's code

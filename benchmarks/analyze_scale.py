@@ -71,9 +71,9 @@ import json, os, statistics, sys, time
 sys.path.insert(0, {root!r})
 import torch, torch.distributed as dist
 import flightrec
-from flightrec.control import current
-from flightrec import dumper
-from flightrec.packed import plain
+from flightrec.arming import current
+from flightrec.watch import dump_writer
+from flightrec.format.packed import plain
 out = {out!r}
 assert flightrec.enable(dir=out, timeout_s=3600, buffer=2000)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -87,9 +87,9 @@ rec = current().recorder
 times, build, sizes = [], [], []
 for _ in range(7):
     a = time.perf_counter()
-    payload = dumper.build_dump(rec, "api")
+    payload = dump_writer.build_dump(rec, "api")
     b = time.perf_counter()
-    path = dumper.write_dump(payload, out)
+    path = dump_writer.write_dump(payload, out)
     c = time.perf_counter()
     build.append((b - a) * 1e3)
     times.append((c - a) * 1e3)

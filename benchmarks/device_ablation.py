@@ -106,8 +106,8 @@ if variant == "primitives":
     sys.exit(0)
 
 import flightrec
-import flightrec.control as control
-from flightrec import fastpath, peek
+import flightrec.arming as control
+from flightrec.record import fastpath, cpp_reader
 
 options = {"dir": tempfile.mkdtemp(prefix="ablation-dumps-"), "timeout_s": 300}
 if variant.startswith("no_watchdog"):
@@ -147,7 +147,7 @@ if variant == "python":
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(22)
     out["profile_sync"] = text.getvalue()[-6000:]
-out["paths"] = {"c_hot_path": fastpath.available(), "torch_reader": peek.load() is not None,
+out["paths"] = {"c_hot_path": fastpath.available(), "torch_reader": cpp_reader.load() is not None,
                 "device_ops_timed": sum(1 for e in rec.entries() if e.t_dev_start_ns is not None)}
 flightrec.disable()
 after = {"sync": per_call_us(blocking), "async": per_call_us(waited)}

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NCCL_CHECK = r'''
 import json, os, sys, time
 import torch, torch.distributed as dist
-import flightrec, flightrec.control as control
+import flightrec, flightrec.arming as control
 
 out = sys.argv[1]
 results = {}
@@ -56,10 +56,10 @@ dist.all_reduce(x)  # warm-up: communicator set-up
 torch.cuda.synchronize()
 
 # which path took the device ops: the C hot path, or the Python wrapper (FLIGHTREC_FASTPATH=0)
-from flightrec import fastpath, patching, peek
+from flightrec.record import fastpath, wrapping, cpp_reader
 python_calls = [0]
 def count(frame, event, arg):
-    if event == "call" and frame.f_code is patching._call_on_device.__code__:
+    if event == "call" and frame.f_code is wrapping._call_on_device.__code__:
         python_calls[0] += 1
 sys.setprofile(count)
 for _ in range(20):
@@ -72,7 +72,7 @@ deadline = time.monotonic() + 5
 while rec.polled and time.monotonic() < deadline:
     time.sleep(0.05)  # the watchdog completes them, polling the stream's newest Work first
 in_order = sorted(str(k) for k, v in rec._in_order_groups.items() if v)
-results["paths"] = {"c_hot_path": c_path, "torch_reader": peek.load() is not None,
+results["paths"] = {"c_hot_path": c_path, "torch_reader": cpp_reader.load() is not None,
                     "python_wrapper_device_calls": python_calls[0], "in_order_polling": in_order,
                     "left_polled": len(rec.polled),
                     "ok": python_calls[0] == (0 if c_path else 40) and bool(in_order) and not rec.polled}

@@ -40,11 +40,11 @@ CASE = r'''
 import datetime, json, os, sys, time
 import torch, torch.distributed as dist
 import flightrec
-from flightrec.control import current
+from flightrec.arming import current
 
 out, case = sys.argv[1], sys.argv[2]
 if os.environ.get("NCCL_CHECK_POLL"):  # --poll-device-works: device Works polled (is_completed), not their futures
-    from flightrec import recorder as _recorder
+    from flightrec.record import recorder as _recorder
     _watch = _recorder.Recorder.watch_work
     def _polled(self, entry, work, late=False):
         if entry.device == "cpu":

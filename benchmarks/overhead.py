@@ -41,9 +41,9 @@ def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[floa
     original = wrapped.__flightrec_wrapped__
     t = torch.ones(16)
 
-    from flightrec.control import current
-    from flightrec.ops import SPEC_BY_API
-    from flightrec.patching import _leaf_wrapper
+    from flightrec.arming import current
+    from flightrec.record.ops import SPEC_BY_API
+    from flightrec.record.wrapping import _leaf_wrapper
 
     group = current().recorder.groups.get(dist.group.WORLD)
 
@@ -93,7 +93,7 @@ def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[floa
     spec = dataclasses.replace(SPEC_BY_API["all_reduce"], api="all_reduce_no_op")
     bookkeeping = _leaf_wrapper(current().recorder, spec.bind_positions(original), no_op)
 
-    has_c = hasattr(wrapped, "enabled")  # the C hot path (flightrec/_fastpath.c) is in use
+    has_c = hasattr(wrapped, "enabled")  # the C hot path (flightrec/record/_fastpath.c) is in use
 
     def python_only(loop, fn):  # noqa: ANN001, ANN202
         """The same wrappers with their C hot path off: every call and wait takes the Python wrapper."""
@@ -105,12 +105,12 @@ def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[floa
                 fn.enabled = patched_wait.enabled = 1
         return run
 
-    from flightrec import fastpath, peek
-    from flightrec.entry import Entry
-    from flightrec.groups import GroupState
-    from flightrec.recorder import ThreadState
+    from flightrec.record import cpp_reader, fastpath
+    from flightrec.record.entry import Entry
+    from flightrec.record.groups import GroupState
+    from flightrec.record.recorder import ThreadState
 
-    has_peek = has_c and peek.fastpath_capsule() is not None  # flightrec build-ext was run for this torch
+    has_peek = has_c and cpp_reader.fastpath_capsule() is not None  # flightrec build-ext was run for this torch
 
     def without_peek(loop, fn):  # noqa: ANN001, ANN202
         """The C hot path reading tensors and the counter through torch's Python bindings instead."""
@@ -121,7 +121,7 @@ def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[floa
                 return loop(f)
             finally:
                 group.read_seq = fast_reader
-                fastpath._fastpath.configure(Entry, GroupState, ThreadState, peek.fastpath_capsule())
+                fastpath._fastpath.configure(Entry, GroupState, ThreadState, cpp_reader.fastpath_capsule())
         return run
 
     for _ in range(5):  # warm up
@@ -325,7 +325,7 @@ def main() -> None:
         print(f"the same wrapper with its C hot path off (pure Python), B: +{python['sync']:.2f} us sync, "
               f"+{python['async']:.2f} us async, bookkeeping {med(v for r in own for v in r['bookkeeping_python']):.2f} us")
     else:
-        print("the C hot path (flightrec/_fastpath.c) is not in use: these are the pure-Python figures")
+        print("the C hot path (flightrec/record/_fastpath.c) is not in use: these are the pure-Python figures")
     if "sync_nopeek" in own[0]:
         nopeek = {m: med(per_round("off", "nopeek", m)) for m in modes}
         print(f"the C hot path without the torch reader (flightrec build-ext), A: +{nopeek['sync']:.2f} us sync, "

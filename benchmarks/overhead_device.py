@@ -122,7 +122,7 @@ def _die_with_parent() -> None:
 
 def _arm(dump_dir: str) -> Any:
     import flightrec
-    from flightrec.control import current
+    from flightrec.arming import current
 
     if not flightrec.enable(dir=dump_dir, timeout_s=300):
         raise RuntimeError("flightrec.enable() refused its settings")
@@ -137,7 +137,7 @@ def _recorder_checks(rec: Any, device: str) -> dict[str, Any]:
     rec.device_timing.resolve()  # events are read when a dump reads them: as one would here
     entries = rec.ring.snapshot()
     on_device = [e for e in entries if e.device == device]
-    from flightrec import fastpath
+    from flightrec.record import fastpath
 
     return {
         "device_ops": len(on_device),
@@ -227,11 +227,13 @@ def cuda_child(flightrec_on: bool, torch_fr_on: bool, store: str, blocks: int, c
         out["checks"] = _recorder_checks(rec, "cuda")
         if out["checks"]["cpp_ops"]:
             raise RuntimeError(f"{out['checks']['cpp_ops']} baseline calls were recorded as C++ collectives")
-    if torch_fr_on:  # never read with it off: that aborts the process (flightrec/torch_fr.py)
+    if torch_fr_on:  # never read with it off: that aborts the process (flightrec/record/torch_recorder.py)
         try:
-            from flightrec import compat  # NCCL's own recorder where this torch has one, else the generic one
+            from flightrec.record import (
+                torch_compat,  # NCCL's own recorder where this torch has one, else the generic one
+            )
 
-            dump = compat.nccl_trace_dump() or torch._C._distributed_c10d._dump_fr_trace_json
+            dump = torch_compat.nccl_trace_dump() or torch._C._distributed_c10d._dump_fr_trace_json
             dumped = json.loads(dump(includeCollectives=True))
             out["torch_fr_entries"] = len(dumped.get("entries") or [])
         except Exception as exc:  # noqa: BLE001 - an older torch: say so, the timing stands

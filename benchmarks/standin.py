@@ -96,7 +96,7 @@ def register() -> None:
 def install_events(recorder: Any) -> Any:
     """Give `recorder` a DeviceTiming whose events are stand-ins (flightrec's own constructor, its
     injectable factory); everything else about it is flightrec's as it is at run time."""
-    from flightrec.device_timing import DeviceTiming
+    from flightrec.record.device_timing import DeviceTiming
 
     recorder.device_timing = DeviceTiming(factory=StandinEvent)
     return recorder.device_timing

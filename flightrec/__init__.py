@@ -7,26 +7,27 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from .format.schema import __version__
+
 __all__ = ["enable", "disable", "dump", "__version__"]
 
 
 def enable(**options: Any) -> bool:
     """Record every torch.distributed op of this process; see docs/dump-format.md for options."""
-    from .control import enable as _enable
+    from .arming import enable as _enable
 
     return _enable(**options)
 
 
 def disable() -> None:
     """Stop recording and restore every function and signal handler that `enable` replaced."""
-    from .control import disable as _disable
+    from .arming import disable as _disable
 
     _disable()
 
 
 def dump(reason: str = "api") -> str | None:
     """Write this rank's dump now and return its path."""
-    from .control import dump as _dump
+    from .arming import dump as _dump
 
     return _dump(reason)

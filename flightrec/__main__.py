@@ -1,3 +1,3 @@
-from flightrec.cli import main
+from flightrec.cli.commands import main
 
 main()

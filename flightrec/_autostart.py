@@ -20,7 +20,7 @@ TARGET = "torch.distributed"
 C10D = "torch.distributed.distributed_c10d"
 # Every path that sets the default group (init_process_group, init_device_mesh, shrink_group) calls
 # `_update_default_pg` through the module global, where the hook goes; torch releases without it get
-# init_process_group wrapped instead (compat.join_hook_name).
+# init_process_group wrapped instead (torch_compat.join_hook_name).
 
 _armed = False
 _arm_lock = threading.Lock()
@@ -35,7 +35,7 @@ def _arm() -> None:
         _armed = True
     _unhook()
     try:
-        from flightrec.control import enable
+        from flightrec.arming import enable
 
         enable()
     except Exception as exc:  # noqa: BLE001 - never break the job
@@ -96,9 +96,9 @@ def _watch_joining() -> None:
             return
         if not _settings_valid():
             return
-        from . import compat  # torch is imported by now
+        from .record import torch_compat  # torch is imported by now
 
-        name = compat.join_hook_name(c10d)
+        name = torch_compat.join_hook_name(c10d)
         original = getattr(c10d, name, None)
         if not callable(original):
             return

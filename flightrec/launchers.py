@@ -4,7 +4,7 @@ torchrun, DeepSpeed's launcher, Open MPI's mpirun, MPICH / Intel MPI (hydra's mp
 and Slurm's srun each hand a worker these in variables of their own. The recorder needs them where
 torch.distributed cannot say: the dump's file name before the process joined its group (a hang or
 crash before init_process_group under `flightrec.enable()`) and the job's name and restart attempt.
-Once torch.distributed knows the rank it wins (dumper.process_rank), and it is remembered here so an
+Once torch.distributed knows the rank it wins (identity.process_rank), and it is remembered here so an
 exit record written after destroy_process_group still carries it.
 
 A launcher's own process has no rank here: torchrun's agent and DeepSpeed's launcher set RANK only in
@@ -161,13 +161,6 @@ def remember(rank: int, world_size: int) -> None:
 
 def remembered() -> tuple[int, int] | None:
     return _known
-
-
-def forget() -> None:
-    """Tests only: back to what the environment says."""
-    global _known
-    with _known_lock:
-        _known = None
 
 
 def known_rank(env: Mapping[str, str] | None = None) -> int | None:

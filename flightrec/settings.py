@@ -34,14 +34,14 @@ class Settings:
     buffer: int = DEFAULT_BUFFER
     timeout_s: float = DEFAULT_TIMEOUT_S
     # who chose timeout_s: "default" (then the watchdog lowers it under groups whose backend ends ops at
-    # their timeout, group_timeouts.py), "FLIGHTREC_TIMEOUT" or "enable()" (applied as given, with a warning)
+    # their timeout, record/group_timeouts.py), "FLIGHTREC_TIMEOUT" or "enable()" (applied as given, with a warning)
     timeout_from: str = "default"
     stacks: bool = False
     dump_on_exit: bool = False
     snapshot_s: float = 0.0  # > 0: the watchdog rewrites this rank's dump every so many seconds
     on_hang: str = "wait"  # "abort": exit non-zero after a hang dump, so the launcher restarts the job
     abort_grace_s: float = DEFAULT_ABORT_GRACE_S
-    gil_watch: bool = True  # faulthandler's timer writes the stacks when the watchdog cannot run (gilwatch.py)
+    gil_watch: bool = True  # faulthandler's timer writes the stacks when the watchdog cannot run (watch/gil_watch.py)
     poll_s: float = field(default=0.0)  # 0 = derived from timeout_s
 
     @property

@@ -16,7 +16,9 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from fixtures.launch import free_port, kill_tree
-from flightrec.packed import plain
+from flightrec.format.columns import COLUMNS, default_of
+from flightrec.format.names import dump_filename
+from flightrec.format.packed import plain
 
 
 class JobFailed(AssertionError):
@@ -82,19 +84,15 @@ def init_rank(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
-def load_dump(folder: str | Path, rank: int) -> dict[str, Any]:
-    with gzip.open(Path(folder) / f"rank-{rank:05d}.json.gz", "rt") as handle:
+def read_dump(path: str | Path) -> dict[str, Any]:
+    """One dump file as its JSON object (the analyzer has its own tolerant reader)."""
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
         return json.load(handle)
 
 
-DUMP_COLUMNS = (
-    "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op", "in_shapes", "in_dtypes",
-    "out_shapes", "out_dtypes", "is_async", "unit", "state", "error", "t_enqueue_ns", "t_complete_ns",
-    "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack", "source", "t_seen_ns", "t_seen_complete_ns",
-)
-
-
-DEFAULTS = {"peer": -1, "root": -1, "unit": -1, "is_async": False}  # what a left-out column holds
+def load_dump(folder: str | Path, rank: int) -> dict[str, Any]:
+    """Rank `rank`'s dump in `folder`."""
+    return read_dump(Path(folder) / dump_filename(rank))
 
 
 def columns(dump: dict[str, Any]) -> dict[str, list[Any]]:
@@ -106,13 +104,13 @@ def columns(dump: dict[str, Any]) -> dict[str, list[Any]]:
     templates = {k: plain(v) for k, v in (dump.get("templates") or {}).items()}
     which = cols.get("template", [])
     out: dict[str, list[Any]] = {}
-    for name in DUMP_COLUMNS:
+    for name in COLUMNS:
         raw = cols.get(name, templates.get(name))
         if isinstance(raw, dict):
             values = raw["values"]
             raw = [values[c] if c >= 0 else None for c in raw["codes"]]
         if raw is None:
-            raw = [DEFAULTS.get(name)] * n
+            raw = [default_of(name)] * n
         elif name in templates:
             raw = [raw[t] for t in which]
         out[name] = raw

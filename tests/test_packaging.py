@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from flightrec import parts
-from flightrec.cli import main
+from flightrec.cli import components
+from flightrec.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "fixtures" / "golden" / "compute_hang"
@@ -32,22 +32,22 @@ NO_INDEX = re.compile(r"(No matching distribution|Could not find a version).*(ha
 CHECK_WHEEL = r"""
 import importlib.util, json, sys
 import fixtures, flightrec
-from flightrec import parts
-an = parts.analyzer()
+from flightrec.cli import components
+an = components.analyzer()
 print(json.dumps({"fixtures": fixtures.__file__, "fixture_cls": hasattr(fixtures, "Fixture"),
                   "repo_fixtures": importlib.util.find_spec("fixtures.builders") is not None,
                   "flightrec": flightrec.__file__, "analyzer": an.__name__, "analyzer_file": an.__file__,
-                  "notebook": str(parts.path("notebooks/postmortem.ipynb")),
-                  "launch": str(parts.path("_demo/launch.py")), "job": str(parts.path("_demo/jobs/train.py"))}))
+                  "notebook": str(components.path("notebooks/postmortem.ipynb")),
+                  "launch": str(components.path("_demo/launch.py")), "job": str(components.path("_demo/jobs/train.py"))}))
 """
 CHECK_EDITABLE = r"""
 import importlib.util, json, sys
 import flightrec
-from flightrec import parts
+from flightrec.cli import components
 print(json.dumps({"flightrec": flightrec.__file__, "path": sys.path,
                   "fixtures": importlib.util.find_spec("fixtures") is not None,
                   "analyzers": importlib.util.find_spec("analyzers") is not None,
-                  "present": parts.analyzer_present(), "notebook": str(parts.path("notebooks/postmortem.ipynb"))}))
+                  "present": components.analyzer_present(), "notebook": str(components.path("notebooks/postmortem.ipynb"))}))
 """
 
 
@@ -118,7 +118,7 @@ def test_core_dependencies_are_the_recorders_and_the_analyze_extra_is_what_parts
         return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in requirements}
 
     assert names(project["dependencies"]) == {"torch", "click"}
-    assert names(project["optional-dependencies"]["analyze"]) == set(parts.ANALYZE_MODULES)
+    assert names(project["optional-dependencies"]["analyze"]) == set(components.ANALYZE_MODULES)
     assert "flightrec[analyze]" in project["optional-dependencies"]["notebook"]
 
 

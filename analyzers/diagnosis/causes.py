@@ -39,7 +39,7 @@ from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, entered_seqs, left
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
 CAUSE_ORDER = (MISMATCH, KIND_DEADLOCK, CRASHED, EXITED, NOT_ENTERED, MISSING_DUMP, COMM_STUCK)
 OWED = {"send": "recv", "recv": "send"}
-RECORDER_FRAME = re.compile(r"[/\\]flightrec[/\\][A-Za-z_]+\.py:\d+ in ")
+RECORDER_FRAME = re.compile(r"[/\\]flightrec[/\\](?:[A-Za-z_]+[/\\])*[A-Za-z_]+\.py:\d+ in ")
 
 
 @dataclass

@@ -3,7 +3,7 @@ the job went on (a checkpoint written by one rank while the others wait in a bar
 
 Why a finding of its own: such a stall outlives FLIGHTREC_TIMEOUT, so every rank dumped and logged a
 hang; the job then finished. The recorder rewrites each dump once the op completes (its `recovered`
-records, flightrec/recovery.py), so nobody waits in the dumps any more; this names who held whom, how
+records, flightrec/watch/recovery.py), so nobody waits in the dumps any more; this names who held whom, how
 long, where, and that the timeout dump was a false alarm. Without a timeout dump (dumps at exit, a
 timeout set higher than the stall) the same long hold is named when it stands far above the group's
 usual waits, so that "healthy" never hides it.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from flightrec.backends import stream_ordered
+from flightrec.format.backends import stream_ordered
 
 from ..constants import COMPLETED, CPP_SITE, FAILED, PENDING_STATES, UNKNOWN
 from ..keys import pack_keys

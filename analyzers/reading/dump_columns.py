@@ -105,7 +105,7 @@ _PACKED_DTYPES = {name: np.dtype(name) for name in ("<i1", "<i2", "<i4", "<i8")}
 
 
 def unpack(column: dict[str, Any], name: str) -> Any:
-    """A packed integer column (flightrec/packed.py) as int64, in a few numpy calls:
+    """A packed integer column (flightrec/format/packed.py) as int64, in a few numpy calls:
     hex bytes of little-endian differences, summed from `start`; `nulls`
     positions masked (an Int64 array)."""
     dtype = _PACKED_DTYPES.get(column.get("dtype"))  # type: ignore[arg-type]

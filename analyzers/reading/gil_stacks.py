@@ -1,4 +1,4 @@
-"""flightrec's held-GIL stacks file (`rank-NNNNN.stacks.txt`, flightrec/gilwatch.py): faulthandler's text.
+"""flightrec's held-GIL stacks file (`rank-NNNNN.stacks.txt`, flightrec/watch/gil_watch.py): faulthandler's text.
 
 Why a file of its own: a rank stuck in C code that holds the GIL writes no dump (its watchdog thread
 cannot run), but faulthandler's C thread still writes every Python thread's stack there. The first
@@ -13,7 +13,7 @@ from typing import Any
 
 from .rankdump import DumpError, SideFile
 
-MAGIC = b"# flightrec-stacks/1"  # flightrec/gilwatch.py's MAGIC
+MAGIC = b"# flightrec-stacks/1"  # flightrec/watch/gil_watch.py's MAGIC
 KIND = "gil_stacks"
 HEADER_FIELD = re.compile(r"(\w+)=(\S+)")
 TIMEOUT_LINE = re.compile(r"^Timeout \(([^)]*)\)!\s*$")

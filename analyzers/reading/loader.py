@@ -315,7 +315,7 @@ def load_folder(folder: Folders, workers: int | None = None, progress: Progress 
     number of files before reading starts and `progress` after each one (the CLI's progress bar).
     With several folders, files are named by their path (the same name may be in two folders).
     `read`: "full"; "summary": only the summary of each flightrec dump (its counters, threads and recent
-    ops: flightrec/dumpfile.py), other formats whole; "sampled": every file whole, keeping of each flightrec
+    ops: flightrec/format/dump_file.py), other formats whole; "sampled": every file whole, keeping of each flightrec
     ring its recent ops and a timing sample (sample.py); "auto": summaries from AUTO_SUMMARY_FILES files on.
     `dask`: the address of a Dask scheduler; the files are then read as tasks on its workers (cluster.py).
     """

@@ -19,16 +19,17 @@ from typing import Any
 
 import numpy as np
 
+from .. import testing
+
 try:
     from .. import _pickle_columns as _c
 except ImportError:  # no compiler at install time, or FLIGHTREC_BUILD_C=0: the Python unpickler reads
     _c = None
 
-DISABLE = False  # test seam: True makes every pickle take the Python unpickler's path
 
 
 def available() -> bool:
-    return _c is not None and not DISABLE
+    return _c is not None and not testing.PYTHON_UNPICKLER_ONLY
 
 
 class Column(Sequence[Any]):

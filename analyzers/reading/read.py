@@ -19,6 +19,9 @@ import zlib
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from flightrec.format.names import DUMP_NAME
+
+from .. import testing
 from ..constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
 from . import gil_stacks, pickle_columns, read_flightrec, read_torch_fr, safe_pickle
 from .rankdump import DumpError, FileProblem, RankDump, SideFile
@@ -28,7 +31,6 @@ try:  # optional: 2-3x faster than the standard library on big dumps; same resul
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-FLIGHTREC_NAME = re.compile(r"^rank-(\d+)(?:\.attempt-\d+)?\.json(?:\.gz)?$")  # attempt: torchelastic restarts
 SUMMARY_CHUNK = 1 << 14  # a summary is a few KB compressed
 TRAILING_RANK = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?(?:\.gz)?$")
 
@@ -38,22 +40,17 @@ def rank_from_name(name: str) -> int | None:
     `hccl_trace_rank_3_py_traceback` -> 3, else None."""
     name = name.removesuffix(read_torch_fr.PY_TRACEBACK_SUFFIX)
     if name.startswith("rank-"):  # flightrec's own names; `rank-unknown-<pid>` names no rank
-        m = FLIGHTREC_NAME.match(name)
+        m = DUMP_NAME.match(name)
     else:
         m = TRAILING_RANK.search(name)
     rank = int(m.group(1)) if m else None
     return rank if rank is not None and rank < MAX_RANKS else None  # a date or an id, not a rank
 
 
-# Test seam (set by tests/analyzer/conftest.py): an exception other than a DumpError propagates
-# instead of turning the file into "unreadable", so that a reader bug fails the test that hit it.
-STRICT_READERS = "FLIGHTREC_STRICT_READERS"
-
-
 def read_path(path: str, lazy: bool = False, summary: bool = False) -> RankDump | FileProblem | SideFile:
     """Read and normalise one local file; a problem (never an exception) when it cannot be used.
     `lazy`: a flightrec dump's entries may come back as `columns.Templated` (see read_flightrec.parse).
-    `summary`: of a flightrec dump, read only its summary member (flightrec/dumpfile.py), its `recent`
+    `summary`: of a flightrec dump, read only its summary member (flightrec/format/dump_file.py), its `recent`
     ops standing for its entries; any other file is read whole."""
     result = read_with(os.path.basename(path), (lambda: _summary_bytes(path)) if summary else (lambda: _file_bytes(path)), lazy)
     if isinstance(result, SideFile) and result.kind == gil_stacks.KIND:
@@ -80,7 +77,7 @@ def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> Rank
     except MemoryError:
         return FileProblem(file=name, reason="file too large to load", rank=hint)
     except Exception as exc:  # noqa: BLE001 - a malformed dump must never stop the other ranks
-        if os.environ.get(STRICT_READERS) == "1":
+        if testing.strict_readers():
             raise  # the test suite: a reader's own bug must fail the test, not read as a bad file
         return FileProblem(file=name, reason=f"unreadable (reader error {type(exc).__name__}: {_short(exc)})", rank=hint)
     finally:

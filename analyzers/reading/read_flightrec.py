@@ -4,7 +4,7 @@ Why: the dump is already column-oriented, so it becomes a DataFrame without a pe
 this module only validates the top level and turns lists (shapes, dtypes) into comparable text.
 Text columns are dictionary-encoded (text is made once per distinct value, the codes go straight
 into numpy), each distinct op is stored once in `templates`, and the integer columns are packed
-into hex strings (flightrec/packed.py), so their numbers are never Python ints at all.
+into hex strings (flightrec/format/packed.py), so their numbers are never Python ints at all.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .read_torch_fr import parse_pg_status
 
 FORMAT_TAG = "flightrec-dump"
 REQUIRED_COLUMNS = ("id", "group", "seq", "kind", "op", "state")
-PACKED_ENCODING = "delta"  # flightrec/packed.py: the recorder's writer (the analyzer does not import the recorder)
+PACKED_ENCODING = "delta"  # flightrec/format/packed.py: the recorder's writer (the analyzer does not import the recorder)
 META_FIELDS = (
     "world_size",
     "local_rank",

@@ -1,7 +1,7 @@
 """What a sampled read keeps of each ring, and the compute gap before each blocking op.
 
 Why: at 131,072 ranks x 2,000 entries the entry table would hold 262 million rows (~60 GB). The hang
-diagnosis needs each rank's recent ops (the dump's `recent`, flightrec/dumpfile.py); the timing pass
+diagnosis needs each rank's recent ops (the dump's `recent`, flightrec/format/dump_file.py); the timing pass
 needs a bounded sample of complete instances. Per channel (a group's collectives; one direction to one
 peer) a rank keeps the blocking ops whose sequence number is a multiple of its stride, the power of two
 that leaves about SAMPLE_PER_CHANNEL of them. Every member decides alone from its own count, and the

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from analyzers import testing  # noqa: E402
 from fixtures import builders  # noqa: E402
 
 GOLDEN = ROOT / "fixtures" / "golden"
@@ -31,5 +32,5 @@ def scenario(tmp_path: Path) -> Callable[[str], Path]:
 @pytest.fixture(autouse=True)
 def _no_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLIGHTREC", raising=False)
-    monkeypatch.setenv("FLIGHTREC_STRICT_READERS", "1")  # a reader bug fails the test (analyzers/reading/read.py)
+    monkeypatch.setenv(testing.STRICT_READERS_ENV, "1")  # a reader bug fails the test (analyzers/testing.py)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -21,7 +21,8 @@ import analyzers
 from analyzers.cli import analyze_command, show_command
 from analyzers.reading.loader import AttemptNotFound
 from analyzers.reading.read import rank_from_name
-from flightrec.dumper import dump_filename, restart_attempt
+from flightrec.format.names import dump_filename
+from flightrec.identity import restart_attempt
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
 S = 1_000_000_000

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import analyzers
 from fixtures.builders import Job
-from flightrec.packed import pack, pack_array, plain
+from flightrec.format.packed import pack, pack_array, plain
 
 
 def _load(folder: Path) -> analyzers.Analysis:
@@ -114,7 +114,7 @@ def test_columns_left_out_at_their_default_read_as_the_default(tmp_path: Path) -
 
 
 def test_evenly_spaced_members_are_written_as_a_range_and_read_back(tmp_path: Path) -> None:
-    from flightrec.members import compact_ranks
+    from flightrec.format.members import compact_ranks
 
     assert compact_ranks(range(0, 16384)) == {"start": 0, "stop": 16384, "step": 1}
     assert compact_ranks(range(3, 3 + 32 * 20, 32)) == {"start": 3, "stop": 643, "step": 32}

@@ -1,4 +1,4 @@
-"""A rank that left no dump, with and without flightrec's held-GIL stacks file (flightrec/gilwatch.py)."""
+"""A rank that left no dump, with and without flightrec's held-GIL stacks file (flightrec/watch/gil_watch.py)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ def test_every_golden_scenario_is_committed() -> None:
 @pytest.mark.parametrize("name", GOLDEN_SCENARIOS)
 def test_golden_dumps_are_what_the_recorder_writes_now(name: str) -> None:
     """Regenerated from real runs (`python -m fixtures.run --golden`), never a schema the recorder left."""
-    from flightrec.dumper import read_dump
-    from flightrec.schema import SCHEMA_VERSION
+    from flightrec.format.schema import SCHEMA_VERSION
+    from tests.helpers import read_dump
 
     dumps = sorted((GOLDEN / name).glob("rank-*.json.gz"))
     assert dumps and {read_dump(str(p))["schema_version"] for p in dumps} == {SCHEMA_VERSION}

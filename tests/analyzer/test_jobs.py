@@ -18,7 +18,7 @@ from analyzers.reporting import render
 from analyzers.reporting.render import text_report
 from fixtures.builders import WALL_BASE_NS, Job, _warmup
 from fixtures.launch import launch
-from flightrec.packed import plain
+from flightrec.format.packed import plain
 from tests.helpers import entries
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import analyzers
 from analyzers.cli import analyze_command
 from fixtures.builders import Job
-from flightrec.packed import plain
+from flightrec.format.packed import plain
 
 
 class Evil:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from nbclient import NotebookClient
 
 import analyzers
-from flightrec.cli import main
+from flightrec.cli.commands import main
 
 from .conftest import GOLDEN, ROOT
 

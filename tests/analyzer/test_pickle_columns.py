@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import analyzers
+from analyzers import testing
 from analyzers.reading import pickle_columns, read_torch_fr, safe_pickle
 from analyzers.reading.read import read_path
 from fixtures import sim
@@ -151,7 +152,7 @@ def test_declined_files_are_explained_as_before(tmp_path: Path, name: str, monke
     path = tmp_path / "nccl_trace_rank_0"
     path.write_bytes(DECLINED[name])
     with_c = read_path(str(path))
-    monkeypatch.setattr(pickle_columns, "DISABLE", True)
+    monkeypatch.setattr(testing, "PYTHON_UNPICKLER_ONLY", True)
     assert repr(with_c) == repr(read_path(str(path)))
 
 
@@ -202,7 +203,7 @@ def report(folder: Path) -> str:
 def test_same_report_with_and_without_the_c_reader(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = sim.write(sim.scenario(seed), tmp_path / "job", fmt="torch")
     with_c = report(folder)
-    monkeypatch.setattr(pickle_columns, "DISABLE", True)
+    monkeypatch.setattr(testing, "PYTHON_UNPICKLER_ONLY", True)
     assert with_c == report(folder)
 
 
@@ -210,7 +211,7 @@ def test_same_report_with_and_without_the_c_reader(tmp_path: Path, seed: int, mo
 def test_same_foreign_verdicts_with_and_without_the_c_reader(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = ROOT / "fixtures" / "foreign" / name
     with_c = report(folder)
-    monkeypatch.setattr(pickle_columns, "DISABLE", True)
+    monkeypatch.setattr(testing, "PYTHON_UNPICKLER_ONLY", True)
     assert with_c == report(folder)
 
 

@@ -13,7 +13,7 @@ import analyzers
 from analyzers.reading.columns import ENTRY_COLUMNS
 from analyzers.reporting import postmortem as pm
 from analyzers.reporting.export import EXPORT_SCHEMA, export, groups_path_for, read_metadata
-from flightrec.cli import main as flightrec_main
+from flightrec.cli.commands import main as flightrec_main
 
 from .conftest import GOLDEN
 

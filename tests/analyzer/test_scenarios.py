@@ -141,6 +141,6 @@ def test_recorder_frames_are_not_the_stall_site(tmp_path):
     job = Job(2)
     job.collective("0", "all_reduce", ranks=[0], state="started")
     job.stack(1, ["train.py:10 in main", "train.py:20 in step", "/site/flightrec/__init__.py:32 in dump",
-                  "/site/flightrec/dumper.py:110 in build_dump", "/site/flightrec/stacks.py:64 in all_thread_stacks"])
+                  "/site/flightrec/watch/dump_writer.py:110 in build_dump", "/site/flightrec/record/stacks.py:64 in all_thread_stacks"])
     (cause,) = analyzers.load(job.write(tmp_path / "d")).report()["root_causes"]
     assert cause["site"] == "train.py:20 in step" and cause["stack"] == ["train.py:10 in main", "train.py:20 in step"]

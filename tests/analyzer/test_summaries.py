@@ -1,4 +1,4 @@
-"""The dump's summary member (flightrec/dumpfile.py) and the hang verdict read from summaries alone.
+"""The dump's summary member (flightrec/format/dump_file.py) and the hang verdict read from summaries alone.
 
 A summary read must reach the verdict, root causes, waits, cycles and victims of a full read, on
 every hand-made scenario, on simulated jobs with known truth and on wrapped synthetic rings; where
@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import analyzers
-import flightrec.dumpfile as dumpfile
+import flightrec.format.dump_file as dumpfile
 from analyzers.cli import analyze_command
 from analyzers.reading.rankdump import RankDump
 from analyzers.reading.read import read_path

@@ -18,7 +18,7 @@ import pytest
 
 import analyzers
 from fixtures import synth
-from flightrec.packed import pack, plain
+from flightrec.format.packed import pack, plain
 from tests.helpers import columns
 
 RANKS = 64  # TP 8 x PP 4 x DP 2: every group kind, p2p included
@@ -84,7 +84,7 @@ def test_layout_and_dump_shape(tmp_path: Path) -> None:
     assert set(dump["templates"]) >= {"group", "op", "in_shapes", "site"}
     assert isinstance(dump["templates"]["op"], dict) and len(dump["templates"]["op"]["values"]) < 10  # coded
     assert len(dump["templates"]["op"]["codes"]) < 30 and max(plain(dump["entries"]["template"])) < 30  # a few distinct ops
-    # packed exactly as the recorder packs (flightrec/packed.py), nulls included
+    # packed exactly as the recorder packs (flightrec/format/packed.py), nulls included
     done = plain(dump["entries"]["t_complete_ns"])
     assert dump["entries"]["t_complete_ns"] == pack(done) and dump["entries"]["id"] == pack(plain(dump["entries"]["id"]))
     assert dump["dropped"] == dump["recorded"] - 120 > 0

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from analyzers.cli import analyze_command, show_command
 from fixtures.builders import Job
-from flightrec.libraries import is_library_file
+from flightrec.format.libraries import is_library_file
 
 LIBRARY_SITE = "/venv/lib/python3.11/site-packages/torch/utils/_contextlib.py:124 in decorate_context"
 TORCH_FRAMES = ["/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1750 in _call_impl",

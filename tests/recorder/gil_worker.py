@@ -1,4 +1,4 @@
-"""One gloo rank (world size 1) exercising the held-GIL watch (flightrec/gilwatch.py); prints OK at the end.
+"""One gloo rank (world size 1) exercising the held-GIL watch (flightrec/watch/gil_watch.py); prints OK at the end.
 
 Run by tests/recorder/test_gil_watch.py in a subprocess with a hard time bound: a deadlock here must
 never hang the test run.

@@ -196,7 +196,7 @@ def launch(kind: str, mode: str, out: Path, port: int, nproc: int) -> None:
     """The launcher's own Python process: never a rank, whatever its environment holds."""
     import torch.distributed  # noqa: F401 - as DeepSpeed's launcher (through deepspeed.accelerator) does
 
-    from flightrec import control
+    from flightrec import arming
 
     children = []
     for rank in range(nproc):
@@ -212,7 +212,7 @@ def launch(kind: str, mode: str, out: Path, port: int, nproc: int) -> None:
         except subprocess.TimeoutExpired:
             child.kill()
             codes.append(None)
-    state = {"armed": control.current() is not None, "pid": os.getpid(), "codes": codes,
+    state = {"armed": arming.current() is not None, "pid": os.getpid(), "codes": codes,
              "watchdog": any(t.name == "flightrec-watchdog" for t in threading.enumerate()),
              "children": [c.pid for c in children]}
     (out / ".launcher.json").write_text(json.dumps(state))

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import flightrec
-from flightrec import control
+from flightrec import arming
 from tests.helpers import init_rank
 
 
@@ -25,7 +25,7 @@ def disable_and_leave(rank: int, world_size: int, port: int, out: str, order: st
     if not armed_by_env:
         assert flightrec.enable(dir=out, timeout_s=60)
     init_rank(rank, world_size, port)
-    armed = control.current()
+    armed = arming.current()
     assert armed is not None, "the recorder is not armed"
     armed_ref = weakref.ref(armed)
     del armed

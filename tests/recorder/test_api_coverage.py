@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flightrec import compat, fastpath, peek
-from flightrec.packed import is_packed, plain
+from flightrec.format.packed import is_packed, plain
+from flightrec.record import cpp_reader, fastpath, torch_compat
 from tests.helpers import entries, load_dump, run_ranks
 from tests.recorder import workers
 
@@ -34,7 +34,7 @@ def coverage_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for mode, (fast, torchpeek, _) in MODES.items():
         if mode != "python" and not fastpath.available():
             continue
-        if mode == "peek" and peek.find() is None:
+        if mode == "peek" and cpp_reader.find() is None:
             continue
         out = tmp_path_factory.mktemp(f"coverage-{mode}")
         with pytest.MonkeyPatch.context() as env:
@@ -85,7 +85,7 @@ def test_collectives_line_up_on_every_rank(coverage_dumps: list[list[dict]]) -> 
                 for rows in coverage_dumps]
     assert per_rank[0] == per_rank[1] == per_rank[2]
     ops = [op for _, _, op, _ in per_rank[0]]
-    tensor_ops = compat.gloo_tensor_collectives()  # what this torch's gloo serves: the job called these only then
+    tensor_ops = torch_compat.gloo_tensor_collectives()  # what this torch's gloo serves: the job called these only then
     assert ops[:4] == ["all_reduce", "all_reduce", "all_gather"] + (["all_gather_into_tensor"] if tensor_ops else ["all_gather"])
     for expected in ("reduce", "broadcast", "scatter", "gather", "all_to_all_single", "barrier", "monitored_barrier",
                      "all_reduce_coalesced", "all_gather_coalesced",
@@ -171,8 +171,8 @@ def test_group_table_and_metadata(tmp_path_factory: pytest.TempPathFactory, cove
     assert dump["reason"] == "api:coverage"
     groups = {g["name"]: g for g in dump["groups"]}
     # a torch without group descriptions leaves desc empty, and the dump says it could not record them
-    assert groups["0"]["ranks"] == [0, 1, 2] and groups["0"]["desc"] == ("default_pg" if compat.has_group_desc() else "")
-    assert ("group_desc" in {x["what"] for x in dump["not_recorded"]}) == (not compat.has_group_desc())
+    assert groups["0"]["ranks"] == [0, 1, 2] and groups["0"]["desc"] == ("default_pg" if torch_compat.has_group_desc() else "")
+    assert ("group_desc" in {x["what"] for x in dump["not_recorded"]}) == (not torch_compat.has_group_desc())
     sub = [g for g in groups.values() if g["ranks"] == [0, 2]]
     assert sub and sub[0]["rank_in_group"] == 1
     assert dump["clock"]["wall_ns"] > dump["clock"]["mono_ns"] > 0

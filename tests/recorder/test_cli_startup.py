@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import sys
 from click.testing import CliRunner
-from flightrec.cli import main
+from flightrec.cli.commands import main
 result = CliRunner().invoke(main, sys.argv[1:])
 assert result.exit_code == 0, result.output
 heavy = sorted(m for m in ("torch", "analyzers", "pandas", "networkx") if m in sys.modules)
@@ -41,7 +41,7 @@ def test_dump_now_imports_nothing_heavy(tmp_path: Path) -> None:
 
 def test_help_summaries_are_the_commands_own() -> None:
     from analyzers import cli as analysis_cli
-    from flightrec.cli import _LAZY, SUMMARIES
+    from flightrec.cli.commands import _LAZY, SUMMARIES
 
     for name, attr in _LAZY.items():
         real = getattr(analysis_cli, attr).get_short_help_str(limit=1000)

@@ -1,7 +1,7 @@
 """`flightrec demo --out DIR` never deletes what it did not write (issue 19, point 8).
 
 The job itself is replaced by a fake `launch` of the demo's launcher (fixtures/launch.py, loaded by
-flightrec.parts.demo_launcher) that copies a recorded 4-rank hang (fixtures/golden/compute_hang) into
+flightrec.cli.components.demo_launcher) that copies a recorded 4-rank hang (fixtures/golden/compute_hang) into
 the folder: what is tested here is the folder handling.
 """
 
@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.launch import JobResult
-from flightrec import parts
-from flightrec.cli import main
-from flightrec.demo import MARKER
+from flightrec.cli import components
+from flightrec.cli.commands import main
+from flightrec.cli.demo import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "fixtures" / "golden" / "compute_hang"
@@ -37,7 +37,7 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
             shutil.copy(p, out / p.name)
         return JobResult(0, False, sorted(out.glob("rank-*.json.gz")), "", 0.1)
 
-    monkeypatch.setattr(parts.demo_launcher(), "launch", launch)
+    monkeypatch.setattr(components.demo_launcher(), "launch", launch)
     return runs
 
 

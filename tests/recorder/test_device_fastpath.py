@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flightrec import fastpath
-from flightrec.device_timing import torch_capture_check
+from flightrec.record import fastpath
+from flightrec.record.device_timing import torch_capture_check
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,9 +29,9 @@ sys.path.insert(0, {str(ROOT)!r})
 import torch, torch.distributed as dist
 from torch.distributed import ReduceOp
 from torch._C._distributed_c10d import _create_work_from_future
-import flightrec, flightrec.control as control, flightrec.patching as patching
-from flightrec import fastpath
-from flightrec.device_timing import DeviceTiming
+import flightrec, flightrec.arming as control, flightrec.record.wrapping as patching
+from flightrec.record import fastpath
+from flightrec.record.device_timing import DeviceTiming
 from benchmarks import standin
 
 class FailedWork(dist._Work):

@@ -25,8 +25,8 @@ JOB = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT)!r})
 import torch, torch.distributed as dist
-import flightrec, flightrec.control as control
-from flightrec.device_timing import DeviceTiming
+import flightrec, flightrec.arming as control
+from flightrec.record.device_timing import DeviceTiming
 from benchmarks import standin
 
 progress, queries, broken, errored = [0], [0], [None], [None]

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flightrec.device_timing import DeviceTiming
-from flightrec.entry import Entry
+from flightrec.record.device_timing import DeviceTiming
+from flightrec.record.entry import Entry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,10 +177,10 @@ def test_the_wrapper_brackets_device_ops_only() -> None:
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 sys.path.insert(0, {str(ROOT / 'tests' / 'recorder')!r})
-import torch, torch.distributed as dist, flightrec, flightrec.control as control
-from flightrec.device_timing import DeviceTiming
-from flightrec.ops import SPEC_BY_API
-from flightrec.patching import _leaf_wrapper
+import torch, torch.distributed as dist, flightrec, flightrec.arming as control
+from flightrec.record.device_timing import DeviceTiming
+from flightrec.record.ops import SPEC_BY_API
+from flightrec.record.wrapping import _leaf_wrapper
 from test_device_timing import FakeDevice
 flightrec.enable(dir="/tmp/unused-flightrec")
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -216,10 +216,10 @@ print(calls, device_entry.device, device_entry.t_dev_end_ns is not None, cpu_ent
 STREAMS = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
-import torch, torch.distributed as dist, flightrec, flightrec.control as control
-from flightrec.device_timing import DeviceTiming
-from flightrec.ops import SPEC_BY_API
-from flightrec.patching import _leaf_wrapper, _wait_wrapper
+import torch, torch.distributed as dist, flightrec, flightrec.arming as control
+from flightrec.record.device_timing import DeviceTiming
+from flightrec.record.ops import SPEC_BY_API
+from flightrec.record.wrapping import _leaf_wrapper, _wait_wrapper
 flightrec.enable(dir="/tmp/unused-flightrec")
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 rec = control.current().recorder

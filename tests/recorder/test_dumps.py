@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.launch import kill_tree, launch
+from flightrec.format.names import dump_filename
 from tests.helpers import entries, load_dump, run_ranks, wait_for
 from tests.recorder import workers
 
@@ -43,7 +44,7 @@ def test_sleeping_rank_makes_every_rank_dump_within_the_timeout(tmp_path: Path) 
     assert all(d["world_size"] == 4 and d["job_id"] for d in dumps.values())
     # each file's first gzip member is the summary: counters, threads and the recent ops, pending one included
     for rank in range(4):
-        raw = (tmp_path / f"rank-{rank:05d}.json.gz").read_bytes()
+        raw = (tmp_path / dump_filename(rank)).read_bytes()
         inflate = zlib.decompressobj(31)
         head = inflate.decompress(raw)
         assert inflate.eof and inflate.unused_data and head.endswith(b",")
@@ -101,11 +102,11 @@ def test_manual_trigger_while_every_rank_is_blocked(tmp_path: Path) -> None:
     try:
         assert wait_for(lambda: all((tmp_path / f".ready-{r}").exists() for r in range(3)), 60)
         time.sleep(0.5)
-        cli = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path), "--wait", "30"],
+        cli = subprocess.run([sys.executable, "-m", "flightrec", "dump-now", str(tmp_path), "--wait", "30"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert cli.returncode == 0, cli.stderr
         assert "3 of 3 ranks answered in " in cli.stdout and f"flightrec analyze {tmp_path}" in cli.stdout
-        assert all((tmp_path / f"rank-{r:05d}.json.gz").exists() for r in range(3))
+        assert all((tmp_path / dump_filename(r)).exists() for r in range(3))
         for rank in range(3):
             assert load_dump(tmp_path, rank)["reason"] == "manual"
     finally:
@@ -115,10 +116,10 @@ def test_manual_trigger_while_every_rank_is_blocked(tmp_path: Path) -> None:
 
 
 def test_dump_now_says_when_no_rank_answers(tmp_path: Path) -> None:
-    quiet = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path / "nobody"), "--wait", "0.5"],
+    quiet = subprocess.run([sys.executable, "-m", "flightrec", "dump-now", str(tmp_path / "nobody"), "--wait", "0.5"],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert quiet.returncode == 1 and "no rank answered within 0.5 s: the folder did not exist" in quiet.stderr
-    idle = subprocess.run([sys.executable, "-m", "flightrec.cli", "dump-now", str(tmp_path), "--wait", "0.5"],
+    idle = subprocess.run([sys.executable, "-m", "flightrec", "dump-now", str(tmp_path), "--wait", "0.5"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert idle.returncode == 1 and "FLIGHTREC=1" in idle.stderr
 
@@ -178,7 +179,7 @@ def test_unwritable_folder_keeps_the_job_alive(tmp_path: Path, capfd: pytest.Cap
 
 
 def test_dump_is_atomic_and_replaces_older(tmp_path: Path) -> None:
-    from flightrec.dumper import write_dump
+    from flightrec.watch.dump_writer import write_dump
 
     write_dump({"rank": 3, "n": 1}, str(tmp_path))
     (tmp_path / ".rank-00003.json.gz.999999.tmp").write_bytes(b"half")  # left by a killed writer

@@ -1,4 +1,4 @@
-"""The held-GIL watch: faulthandler's C timer, re-armed by the watchdog thread (flightrec/gilwatch.py)."""
+"""The held-GIL watch: faulthandler's C timer, re-armed by the watchdog thread (flightrec/watch/gil_watch.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from fixtures.launch import free_port
-from flightrec.gilwatch import LONGEST_LIMIT_S, limit_for, stacks_filename
+from flightrec.watch.gil_watch import LONGEST_LIMIT_S, limit_for, stacks_filename
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""flightrec's timeout under the groups' own timeouts (group_timeouts.py), and PyTorch's recorder state
+"""flightrec's timeout under the groups' own timeouts (record/group_timeouts.py), and PyTorch's recorder state
 in hang dumps.
 
 There is no NCCL on the test machines. The rule for NCCL and HCCL (which backends end ops at their
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from flightrec import torch_fr
-from flightrec.group_timeouts import (
+from flightrec.record import torch_recorder
+from flightrec.record.group_timeouts import (
     DUMP_MARGIN_S,
     GroupTimeout,
     derive_limits,
@@ -120,21 +120,21 @@ def test_torch_fr_summary_keeps_the_newest_entries_in_hang_dumps(monkeypatch: py
           "entries": [{"record_id": i, "pg_id": 0, "profiling_name": "nccl:all_reduce", "collective_seq_id": i,
                        "state": "scheduled", "timeout_ms": 60000, "frames": [{"name": "f"}] * 20}
                       for i in range(40)]}
-    assert torch_fr.summary(None, hang=True) is None
-    assert torch_fr.summary(fr, hang=False) == {"pg_status": fr["pg_status"]}
+    assert torch_recorder.summary(None, hang=True) is None
+    assert torch_recorder.summary(fr, hang=False) == {"pg_status": fr["pg_status"]}
     monkeypatch.delenv("TORCH_NCCL_DUMP_ON_TIMEOUT", raising=False)
     monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE", raising=False)
     monkeypatch.setenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/scratch/trace_")
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):  # NCCL's recorder: read only when set
         monkeypatch.delenv(name, raising=False)
-    out = torch_fr.summary(fr, hang=True)
+    out = torch_recorder.summary(fr, hang=True)
     assert out["entries_total"] == 40 and out["version"] == "2.10"
-    assert [e["record_id"] for e in out["entries"]] == list(range(40 - torch_fr.KEPT_ENTRIES, 40))
+    assert [e["record_id"] for e in out["entries"]] == list(range(40 - torch_recorder.KEPT_ENTRIES, 40))
     assert "frames" not in out["entries"][0] and out["entries"][-1]["timeout_ms"] == 60000
     assert out["dump_on_timeout"] is None and out["dump_prefix"] == "/scratch/trace_"
     assert out["nccl"] is None
     monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
-    assert torch_fr.summary(fr, hang=True)["dump_on_timeout"] is False
+    assert torch_recorder.summary(fr, hang=True)["dump_on_timeout"] is False
 
 
 # ---------------------------------------------------------------- real gloo jobs
@@ -200,12 +200,12 @@ def test_simulated_nccl_group_dumps_under_its_timeout(tmp_path: Path) -> None:
         assert stall[0]["hang_reason"] == ("timeout", "peer_request")[rank]
         assert abs(stall[0]["hang_dump_ns"] - _hang_dump(tmp_path, rank)["dump_time_ns"]) < 1e9
     fr = waiter["torch_fr"]
-    if torch_fr.enabled():  # PyTorch's recorder (on by default where it exists)
+    if torch_recorder.enabled():  # PyTorch's recorder (on by default where it exists)
         assert fr["dump_on_timeout"] is True and fr["dump_prefix"] == str(tmp_path / "torch_trace_rank_")
-        assert 0 < len(fr["entries"]) <= min(fr["entries_total"], torch_fr.KEPT_ENTRIES)
+        assert 0 < len(fr["entries"]) <= min(fr["entries_total"], torch_recorder.KEPT_ENTRIES)
         last = fr["entries"][-1]
         assert last["timeout_ms"] == 8000 and last["profiling_name"].endswith("all_reduce"), last
-        assert set(last) <= set(torch_fr.ENTRY_FIELDS)
+        assert set(last) <= set(torch_recorder.ENTRY_FIELDS)
     else:
         assert fr is None
 

@@ -20,7 +20,7 @@ JOB = f"""
 import gzip, json, os, sys, threading, time
 sys.path.insert(0, {str(ROOT)!r})
 import torch, torch.distributed as dist
-import flightrec, flightrec.control as control
+import flightrec, flightrec.arming as control
 
 DELAY = float(sys.argv[2])
 

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 
 from fixtures.launch import free_port, kill_tree
-from flightrec import captured, compat, launchers
-from flightrec.dumper import read_dump
-from tests.helpers import entries
+from flightrec import launchers
+from flightrec.format.names import dump_filename
+from flightrec.record import early_references, torch_compat
+from tests.helpers import entries, read_dump
 from tests.recorder import launcher_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +115,7 @@ def test_unusable_values_are_named_and_skipped() -> None:
 
 
 def test_references_deepspeed_kept_point_at_the_wrappers_and_are_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """flightrec/captured.py: on the backend being constructed (found on the stack) and on `cdb`; a reference
+    """flightrec/record/early_references.py: on the backend being constructed (found on the stack) and on `cdb`; a reference
     someone replaced since is left alone when disarming."""
     def original() -> None: ...
 
@@ -129,17 +130,17 @@ def test_references_deepspeed_kept_point_at_the_wrappers_and_are_put_back(monkey
     monkeypatch.setitem(sys.modules, "deepspeed.comm.torch", backend_module)
     wrapper_of = {original: wrapper}.get
     changed: list = []
-    backend = backend_module.TorchBackend(original, lambda: changed.extend(captured.rebind(wrapper_of)))
+    backend = backend_module.TorchBackend(original, lambda: changed.extend(early_references.rebind(wrapper_of)))
     assert (backend.all_gather_function, backend.reduce_scatter_function) == (wrapper, print)
-    captured.restore(changed)
+    early_references.restore(changed)
     assert backend.all_gather_function is original
     comm = types.ModuleType("deepspeed.comm.comm")
     comm.cdb = types.SimpleNamespace(all_gather_function=original, reduce_scatter_function=original)
     monkeypatch.setitem(sys.modules, "deepspeed.comm.comm", comm)
-    changed = captured.rebind(wrapper_of)
+    changed = early_references.rebind(wrapper_of)
     assert comm.cdb.all_gather_function is wrapper and comm.cdb.reduce_scatter_function is wrapper
     comm.cdb.reduce_scatter_function = print
-    captured.restore(changed)
+    early_references.restore(changed)
     assert (comm.cdb.all_gather_function, comm.cdb.reduce_scatter_function) == (original, print)
 
 
@@ -213,7 +214,7 @@ def _pids(out: Path, pattern: str) -> dict[str, int]:
 
 def test_open_mpi_stall_dumps_every_rank_under_its_mpi_rank(tmp_path: Path) -> None:
     """Rank 1 stalls, rank 0 times out in its all_reduce and asks rank 1 to dump: both land as their rank."""
-    names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
+    names = [dump_filename(r) for r in range(NPROC)]
     _run(_workers("openmpi", "stall", tmp_path, free_port(), FLIGHTREC_TIMEOUT="1"), tmp_path,
          _settled(tmp_path, names))
     dumps = _dumps(tmp_path)
@@ -233,9 +234,9 @@ def test_mpich_exit_records_after_destroy_carry_torch_distributeds_rank(tmp_path
     codes = _run(_workers("mpich", "exit", tmp_path, free_port()), tmp_path, lambda: False)
     assert codes == [0] * NPROC, _log(tmp_path)
     dumps = _dumps(tmp_path)
-    assert sorted(dumps) == [f"rank-{r:05d}.json.gz" for r in range(NPROC)], _log(tmp_path)
+    assert sorted(dumps) == [dump_filename(r) for r in range(NPROC)], _log(tmp_path)
     for rank in range(NPROC):
-        d = dumps[f"rank-{rank:05d}.json.gz"]
+        d = dumps[dump_filename(rank)]
         assert (d["rank"], d["reason"], d["launcher"], d["job_id"]) == (rank, "exit", "pmi", None)
         assert d["local_rank"] == NPROC - 1 - rank  # MPI_LOCALRANKID: the launcher's numbering
         assert [e["op"] for e in entries(d)] == ["all_reduce", "all_reduce"]
@@ -246,7 +247,7 @@ def test_pmix_ranks_stuck_before_init_dump_under_their_launcher_rank(tmp_path: P
     dump named by PMIX_RANK from each (a process that never joined a group wrote rank-unknown-<pid>)."""
     port = free_port()
     procs = _workers("pmix", "preinit", tmp_path, port)
-    names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
+    names = [dump_filename(r) for r in range(NPROC)]
     pids: dict[str, int] = {}
 
     def dumped() -> bool:
@@ -301,16 +302,16 @@ def test_srun_tasks_dump_as_their_rank_and_the_sbatch_script_never_arms(tmp_path
 def test_deepspeed_launcher_never_arms_and_zero_collectives_are_recorded(tmp_path: Path) -> None:
     """deepspeed.comm's TorchBackend keeps all_gather_into_tensor and reduce_scatter_tensor before its
     init_process_group arms the recorder: ZeRO-3's gathers and scatters through them are recorded under
-    their own API with DeepSpeed's call site (without flightrec/captured.py: on 2.13 as the inner
+    their own API with DeepSpeed's call site (without flightrec/record/early_references.py: on 2.13 as the inner
     all_gather_single with a site in torch, on 2.4 only as C++-issued ops)."""
-    if not compat.gloo_tensor_collectives():
+    if not torch_compat.gloo_tensor_collectives():
         pytest.skip("this torch's gloo has no all_gather_into_tensor / reduce_scatter_tensor")
     state = _launch("deepspeed", "deepspeed", tmp_path, {})
     assert (state["armed"], state["watchdog"]) == (False, False)
     dumps = _dumps(tmp_path)
-    assert sorted(dumps) == [f"rank-{r:05d}.json.gz" for r in range(NPROC)], _log(tmp_path)
+    assert sorted(dumps) == [dump_filename(r) for r in range(NPROC)], _log(tmp_path)
     for rank in range(NPROC):
-        d = dumps[f"rank-{rank:05d}.json.gz"]
+        d = dumps[dump_filename(rank)]
         assert d["pid"] == state["children"][rank]
         assert (d["rank"], d["local_rank"], d["node_rank"], d["launcher"], d["reason"]) == \
                (rank, rank, 0, "deepspeed", "api:zero")
@@ -345,7 +346,7 @@ def test_real_open_mpi_mpirun_stall(tmp_path: Path) -> None:
     mpirun = _launcher(("mpirun.openmpi", "mpirun"), "Open MPI")
     if mpirun is None:
         pytest.skip("Open MPI's mpirun is not installed")
-    names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
+    names = [dump_filename(r) for r in range(NPROC)]
     argv = [mpirun, "-np", str(NPROC), "--oversubscribe", sys.executable, str(JOB), "worker", "openmpi", "stall",
             str(tmp_path), str(free_port())]
     env = _env(tmp_path, FLIGHTREC_TIMEOUT="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -372,9 +373,9 @@ def test_real_hydra_mpiexec_exit_records(tmp_path: Path) -> None:
             str(free_port())]
     assert _run([(argv, _env(tmp_path))], tmp_path, lambda: False) == [0], _log(tmp_path)
     dumps = _dumps(tmp_path)
-    assert sorted(dumps) == [f"rank-{r:05d}.json.gz" for r in range(NPROC)], _log(tmp_path)
+    assert sorted(dumps) == [dump_filename(r) for r in range(NPROC)], _log(tmp_path)
     for rank in range(NPROC):
-        d = dumps[f"rank-{rank:05d}.json.gz"]
+        d = dumps[dump_filename(rank)]
         assert (d["rank"], d["reason"], d["launcher"], d["local_rank"]) == (rank, "exit", "pmi", NPROC - 1 - rank)
 
 
@@ -401,7 +402,7 @@ def test_real_deepspeed_launcher_zero3_stall(tmp_path: Path) -> None:
     python = _deepspeed_python()
     if python is None:
         pytest.skip("DeepSpeed is not installed (FLIGHTREC_TEST_DEEPSPEED_PYTHON may name a Python that has it)")
-    names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
+    names = [dump_filename(r) for r in range(NPROC)]
     argv = [python, "-m", "deepspeed.launcher.runner", "--num_gpus", str(NPROC), "--master_port", str(free_port()),
             str(ROOT / "fixtures" / "jobs" / "deepspeed_zero3.py"), "--stall-rank", "1"]
     env = _env(tmp_path, DS_ACCELERATOR="cpu", FLIGHTREC_TIMEOUT="3")
@@ -437,7 +438,7 @@ def test_real_slurm_srun_stall(tmp_path: Path) -> None:
         idle = ""
     if not {"idle", "mixed"} & set(idle.split()):
         pytest.skip("no Slurm cluster answers here (slurmctld and slurmd not running)")
-    names = [f"rank-{r:05d}.json.gz" for r in range(NPROC)]
+    names = [dump_filename(r) for r in range(NPROC)]
     job_name = f"flightrec-test-{os.getpid()}-{time.monotonic_ns()}"
     # the tasks run under slurmstepd, not under srun: killing srun leaves them holding the node, so the
     # job is cancelled by name in the end, and Slurm's own time limit (2 minutes) bounds it regardless

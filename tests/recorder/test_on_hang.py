@@ -18,10 +18,10 @@ import pytest
 
 from fixtures.launch import launch
 from flightrec import log
-from flightrec.dumper import read_dump
-from flightrec.onhang import ABORT_EXIT_CODE, HangAction, find_suspects, parse_answers, write_error_file
+from flightrec.format.names import dump_filename
 from flightrec.settings import DEFAULT_ABORT_GRACE_S, Settings, SettingsError, load_settings
-from tests.helpers import entries, load_dump
+from flightrec.watch.on_hang import ABORT_EXIT_CODE, HangAction, find_suspects, parse_answers, write_error_file
+from tests.helpers import entries, load_dump, read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "fixtures" / "jobs" / "train.py"
@@ -157,12 +157,12 @@ FINAL = """
 import os, sys, time
 import flightrec
 import torch.distributed as dist
-from flightrec import control
+from flightrec import arming
 
 assert flightrec.enable(dir=sys.argv[1], on_hang="abort", abort_grace_s=60)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 first = flightrec.dump("before")
-hang = control.current().watchdog.hang
+hang = arming.current().watchdog.hang
 hang.hung("all_reduce group=0 seq=7 incomplete after 9.0s", written=True)
 print(first is not None, flightrec.dump("after") is None, flush=True)  # the hang dump is final
 print("still buffered", end="")  # flushed before the exit
@@ -199,7 +199,7 @@ def test_a_stall_that_recovers_is_recorded_and_the_exit_record_replaces_the_hang
     assert sorted(int(r) for r, _ in recovered) == list(range(RANKS)), result.output[-3000:]
     assert all(float(s) >= 3.0 for r, s in recovered if r != "0"), recovered
     for rank in range(RANKS):
-        dump = read_dump(str(tmp_path / f"rank-{rank:05d}.json.gz"))
+        dump = read_dump(str(tmp_path / dump_filename(rank)))
         assert dump["reason"] == "exit" and dump["exit_record"], (rank, dump["reason"])
         (item,) = dump["recovered"]
         assert (item["group"], item["op"], item["timed_out"]) == ("0", "barrier", rank != 0), item

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flightrec import compat, fastpath, storage
-from flightrec import entry as entry_module
-from flightrec.ring import Ring
+from flightrec.record import entry as entry_module
+from flightrec.record import fastpath, native, torch_compat
+from flightrec.record.ring import Ring
 from flightrec.settings import Settings, SettingsError, load_settings
 from tests.helpers import entries, load_dump, run_ranks
 from tests.recorder import workers
@@ -60,7 +60,7 @@ def test_an_unreadable_timeout_names_the_accepted_forms() -> None:
 
 
 def test_invalid_value_turns_the_recorder_off_not_the_job() -> None:
-    code = "import torch.distributed as d, flightrec.control as c; print('armed' if c.current() else 'off')"
+    code = "import torch.distributed as d, flightrec.arming as c; print('armed' if c.current() else 'off')"
     env = dict(os.environ, FLIGHTREC="1", FLIGHTREC_TIMEOUT="soon")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "off"
@@ -107,7 +107,7 @@ def test_ddp_cpp_allreduces_are_recorded(tmp_path: Path) -> None:
         rows = entries(load_dump(tmp_path, rank))
         cpp = [e for e in rows if e["source"] == "c++"]
         # DDP init (broadcasts from C++) and one gradient all-reduce per backward
-        if not compat.has_builtin_recorder():  # the dump says so; C++ ops are there, without their detail
+        if not torch_compat.has_builtin_recorder():  # the dump says so; C++ ops are there, without their detail
             assert cpp and all(e["api"] == "c++" and e["op"] == "unknown" for e in cpp), cpp
             assert "cpp_op_detail" in {x["what"] for x in load_dump(tmp_path, rank)["not_recorded"]}
             per_rank.append([(e["group"], e["seq"], e["op"]) for e in rows])
@@ -156,8 +156,8 @@ import sys
 sys.path.insert(0, {str(ROOT)!r})
 import torch, torch.distributed as dist
 import flightrec
-from flightrec.control import current
-from flightrec.recorder import RECHECK_EVERY
+from flightrec.arming import current
+from flightrec.record.recorder import RECHECK_EVERY
 flightrec.enable(dir={str(tmp_path)!r})
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 recorder = current().recorder
@@ -221,7 +221,7 @@ import os, sys, threading
 sys.path.insert(0, {str(ROOT)!r})
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
 import torch, torch.distributed as dist
-import flightrec, flightrec.control as control
+import flightrec, flightrec.arming as control
 flightrec.enable(dir={str(tmp_path)!r})
 store = dist.HashStore()
 dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -292,8 +292,8 @@ def test_full_stacks_when_asked(tmp_path: Path) -> None:
 
 
 def test_templates_hold_each_distinct_op_once_and_defaults_are_left_out() -> None:
-    from flightrec.entry import Entry, to_tables
-    from flightrec.packed import is_packed, plain
+    from flightrec.format.packed import is_packed, plain
+    from flightrec.record.entry import Entry, to_tables
 
     colls = [Entry(i, "0", "coll", "all_reduce", "all_reduce") for i in range(3)]
     for e in colls:
@@ -314,11 +314,11 @@ def test_templates_hold_each_distinct_op_once_and_defaults_are_left_out() -> Non
 
 
 def test_c_hot_path_is_built_where_a_compiler_is() -> None:
-    """The install builds flightrec/_fastpath.c when it can: a silent fallback would cost ~2x per op."""
+    """The install builds flightrec/record/_fastpath.c when it can: a silent fallback would cost ~2x per op."""
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[:1]
     if not compiler or shutil.which(compiler[0]) is None:
         pytest.skip("no C compiler: the recorder is pure Python here")
-    assert fastpath._fastpath is not None, "flightrec/_fastpath.c was not built by `pip install`"
+    assert fastpath._fastpath is not None, "flightrec/record/_fastpath.c was not built by `pip install`"
     assert fastpath._fastpath.SUPPORTED or sys.version_info < (3, 11)
 
 
@@ -391,14 +391,14 @@ def test_c_entry_storage_is_seen_by_the_garbage_collector() -> None:
 def test_ring_ids_count_like_itertools_count() -> None:
     ring = Ring(4)
     assert [ring.next_id() for _ in range(5)] == list(itertools.islice(itertools.count(), 5))
-    c_module = storage.c_module()
+    c_module = native.c_module()
     if c_module is not None:
         assert type(ring.ids) is c_module.Counter and ring.ids.next == 5
 
 
 def test_group_storages_hold_the_same_fields() -> None:
     """GroupState keeps its counters in C where the hot path is built: same fields, same values."""
-    from flightrec import groups
+    from flightrec.record import groups
 
     class FakeGroup:
         def _get_sequence_number_for_group(self) -> int:
@@ -442,7 +442,7 @@ def test_default_group_is_described_where_the_start_up_hook_arms() -> None:
     ops from the first (else a DDP stall could leave no dump at all)."""
     code = (
         "import os, torch.distributed as dist, torch.distributed.distributed_c10d as c10d\n"
-        "from flightrec.groups import describe_group\n"
+        "from flightrec.record.groups import describe_group\n"
         "seen = []\n"
         "original = c10d._update_default_pg\n"
         "def hook(pg):\n"
@@ -468,7 +468,7 @@ def test_every_api_reader_reads_what_its_spec_says() -> None:
     number of positional arguments with or without keywords, what reading each parameter by name gives."""
     import torch.distributed as dist
 
-    from flightrec.ops import SPECS
+    from flightrec.record.ops import SPECS
 
     checked = []
     for base in SPECS:
@@ -490,7 +490,7 @@ def test_every_api_reader_reads_what_its_spec_says() -> None:
 
 def test_backend_errors_are_told_from_the_jobs_own() -> None:
     """Only an error a collective backend raised marks the C++-issued op in flight failed (fail_cpp_ops)."""
-    from flightrec.recorder import is_backend_error
+    from flightrec.record.recorder import is_backend_error
 
     gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
             "[127.0.0.1]:52120. This is typically caused by a remote worker crashing.")

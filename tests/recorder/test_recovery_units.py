@@ -1,9 +1,9 @@
-"""The watch a declared hang keeps on its op (flightrec/recovery.py), without a job."""
+"""The watch a declared hang keeps on its op (flightrec/watch/recovery.py), without a job."""
 
 from __future__ import annotations
 
-from flightrec import recovery
-from flightrec.entry import Entry
+from flightrec.record.entry import Entry
+from flightrec.watch import recovery
 
 
 def _entry(record_id: int, seq: int, state: str = "started", group: str = "0") -> Entry:

@@ -6,7 +6,7 @@ import threading
 import traceback
 
 from analyzers import stackview
-from flightrec import stacks
+from flightrec.record import stacks
 
 
 def _descend(depth: int, out: list) -> None:

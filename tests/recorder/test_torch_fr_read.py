@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flightrec import torch_fr
+from flightrec.record import torch_recorder
 
 
 def _recorder(backend: str, groups: dict[int, str], completed: dict[int, int]) -> dict[str, Any]:
@@ -24,17 +24,17 @@ def test_groups_of_the_two_recorders_are_joined_by_name(monkeypatch: pytest.Monk
     generic = _recorder("gloo", {0: "5"}, {0: 40})
     nccl = _recorder("nccl", {0: "0", 1: "1"}, {0: 7, 1: 3})
     nccl["pg_status"]["2"] = {"last_completed_collective": 99}
-    monkeypatch.setattr(torch_fr, "enabled", lambda: True)
-    monkeypatch.setattr(torch_fr, "_read_generic", lambda include: generic)
-    monkeypatch.setattr(torch_fr, "read_nccl", lambda include=True: nccl)
-    merged = torch_fr.read(include_entries)
-    assert torch_fr.completed_seqs(merged) == {"5": 40, "0": 7, "1": 3}
-    assert torch_fr.uid_to_group_name(merged) == {"5": "5", "0": "0", "1": "1"}
+    monkeypatch.setattr(torch_recorder, "enabled", lambda: True)
+    monkeypatch.setattr(torch_recorder, "_read_generic", lambda include: generic)
+    monkeypatch.setattr(torch_recorder, "read_nccl", lambda include=True: nccl)
+    merged = torch_recorder.read(include_entries)
+    assert torch_recorder.completed_seqs(merged) == {"5": 40, "0": 7, "1": 3}
+    assert torch_recorder.uid_to_group_name(merged) == {"5": "5", "0": "0", "1": "1"}
 
 
 def test_one_recorder_is_read_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
     generic = _recorder("gloo", {0: "5"}, {0: 40})
-    monkeypatch.setattr(torch_fr, "enabled", lambda: True)
-    monkeypatch.setattr(torch_fr, "_read_generic", lambda include: generic)
-    monkeypatch.setattr(torch_fr, "read_nccl", lambda include=True: None)
-    assert torch_fr.read(False) is generic
+    monkeypatch.setattr(torch_recorder, "enabled", lambda: True)
+    monkeypatch.setattr(torch_recorder, "_read_generic", lambda include: generic)
+    monkeypatch.setattr(torch_recorder, "read_nccl", lambda include=True: None)
+    assert torch_recorder.read(False) is generic

@@ -15,15 +15,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from flightrec import peek
-from flightrec.cli import main
+from flightrec.cli.commands import main
+from flightrec.record import cpp_reader
 from tests.helpers import run_ranks
 from tests.recorder import workers
 
 
 @pytest.fixture
 def built() -> object:
-    loaded = peek.load()
+    loaded = cpp_reader.load()
     if loaded is None:
         pytest.skip("the torch reader is not built (flightrec build-ext) or switched off")
     return loaded[0]
@@ -31,10 +31,10 @@ def built() -> object:
 
 def test_torch_reader_is_built_where_a_compiler_is() -> None:
     """The README's set-up runs `flightrec build-ext`: a silent miss would cost ~2 µs per collective."""
-    if shutil.which(peek.compiler()[0]) is None:
+    if shutil.which(cpp_reader.compiler()[0]) is None:
         pytest.skip("no C++ compiler: torch's getters are used here")
-    assert peek.find() is not None, "no torch reader built for this torch: run `flightrec build-ext`"
-    assert peek.load() is not None
+    assert cpp_reader.find() is not None, "no torch reader built for this torch: run `flightrec build-ext`"
+    assert cpp_reader.load() is not None
 
 
 def _tensors() -> list[torch.Tensor]:
@@ -78,31 +78,31 @@ def test_counter_reader_matches_pybind(tmp_path: Path, built: object) -> None:
 
 
 def test_stale_build_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    key = peek.build_key()
-    monkeypatch.setattr(peek.torch, "__version__", "0.0.0+other")
-    assert peek.build_key() != key
-    assert peek.find() is None
+    key = cpp_reader.build_key()
+    monkeypatch.setattr(cpp_reader.torch, "__version__", "0.0.0+other")
+    assert cpp_reader.build_key() != key
+    assert cpp_reader.find() is None
 
 
 def test_switched_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(peek, "_loaded", peek._UNSET)
+    monkeypatch.setattr(cpp_reader, "_loaded", cpp_reader._UNSET)
     monkeypatch.setenv("FLIGHTREC_TORCHPEEK", "0")
-    assert peek.load() is None and peek.seq_reader(object()) is None and peek.fastpath_capsule() is None
+    assert cpp_reader.load() is None and cpp_reader.seq_reader(object()) is None and cpp_reader.fastpath_capsule() is None
 
 
 def test_build_errors_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
-    with pytest.raises(peek.BuildError, match="no-such-c\\+\\+"):
-        peek.build(tmp_path)
+    with pytest.raises(cpp_reader.BuildError, match="no-such-c\\+\\+"):
+        cpp_reader.build(tmp_path)
     compiler = shutil.which("c++")
     if compiler is None:
         return
     monkeypatch.setenv("CXX", compiler)
     broken = tmp_path / "_torchpeek.cpp"
     broken.write_text("this is not C++\n")
-    monkeypatch.setattr(peek, "SOURCE", broken)
-    with pytest.raises(peek.BuildError, match="_torchpeek.cpp"):
-        peek.build(tmp_path / "out")
+    monkeypatch.setattr(cpp_reader, "SOURCE", broken)
+    with pytest.raises(cpp_reader.BuildError, match="_torchpeek.cpp"):
+        cpp_reader.build(tmp_path / "out")
     assert not list((tmp_path / "out").iterdir())  # nothing half-built left behind
     result = CliRunner().invoke(main, ["build-ext", "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "compiling" in result.output and "error" in result.output
@@ -112,17 +112,17 @@ def test_fastpath_refuses_a_reader_of_another_version() -> None:
     """A torch reader whose calls the C hot path does not know is refused before anything changes."""
     import ctypes
 
-    from flightrec import fastpath
-    from flightrec.entry import Entry
-    from flightrec.groups import GroupState
-    from flightrec.recorder import ThreadState
+    from flightrec.record import fastpath
+    from flightrec.record.entry import Entry
+    from flightrec.record.groups import GroupState
+    from flightrec.record.recorder import ThreadState
 
     if fastpath._fastpath is None:
         pytest.skip("the C hot path is not built")
     api = (ctypes.c_int * 8)(99)  # version 99, then null function pointers
     new_capsule = ctypes.pythonapi.PyCapsule_New
     new_capsule.restype, new_capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-    capsule = new_capsule(ctypes.addressof(api), b"flightrec._torchpeek.api", None)
+    capsule = new_capsule(ctypes.addressof(api), b"flightrec.record._torchpeek.api", None)
     with pytest.raises(ValueError, match="version 99"):
         fastpath._fastpath.configure(Entry, GroupState, ThreadState, capsule)
     with pytest.raises(ValueError):  # not a torch reader's capsule at all
@@ -137,16 +137,16 @@ def test_build_falls_back_to_the_next_writable_folder(tmp_path: Path, monkeypatc
     blocked.write_text("")  # a file where a folder should be: mkdir fails
     cache = tmp_path / "cache"
     monkeypatch.setenv("CXX", "c++")
-    monkeypatch.setattr(peek, "search_dirs", lambda: [blocked / "built", cache])
+    monkeypatch.setattr(cpp_reader, "search_dirs", lambda: [blocked / "built", cache])
 
     def fake_compile(scratch: Path, target: Path) -> Path:
         target.write_bytes(b"built")
         return target
 
-    monkeypatch.setattr(peek, "_compile", fake_compile)
-    built = peek.build()
-    assert built.parent == cache and built.name == peek.file_name()
-    assert peek.find() == built
+    monkeypatch.setattr(cpp_reader, "_compile", fake_compile)
+    built = cpp_reader.build()
+    assert built.parent == cache and built.name == cpp_reader.file_name()
+    assert cpp_reader.find() == built
 
 
 def test_a_job_armed_by_the_startup_hook_reads_through_the_torch_reader(built: object, tmp_path: Path) -> None:

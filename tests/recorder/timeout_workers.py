@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 import flightrec
-from flightrec import group_timeouts
-from flightrec.control import current
+from flightrec.arming import current
+from flightrec.record import group_timeouts
 from tests.helpers import init_rank
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import flightrec
-from flightrec import compat
+from flightrec.record import torch_compat
 from tests.helpers import init_rank
 
 
@@ -23,7 +23,7 @@ def every_api(rank: int, world_size: int, port: int, out: str) -> None:
     dist.all_reduce(t)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
     dist.all_gather([torch.zeros(4) for _ in range(ws)], t)
-    tensor_ops = compat.gloo_tensor_collectives()  # torch 2.1's gloo has neither of the tensor forms
+    tensor_ops = torch_compat.gloo_tensor_collectives()  # torch 2.1's gloo has neither of the tensor forms
     if tensor_ops:
         dist.all_gather_into_tensor(torch.zeros(4 * ws), t)
     dist.all_gather_object([None] * ws, {"rank": rank})
@@ -69,9 +69,9 @@ def every_api(rank: int, world_size: int, port: int, out: str) -> None:
         dist.all_reduce(torch.ones(10), group=sub)
         dist.all_reduce(torch.ones(10), group=sub)
     flightrec.dump("coverage")
-    from flightrec import control
+    from flightrec import arming
 
-    readers = {type(group.read_seq).__name__ for group in control._state.recorder.groups.by_pg.values() if group}
+    readers = {type(group.read_seq).__name__ for group in arming._state.recorder.groups.by_pg.values() if group}
     with open(os.path.join(out, f"wrapper-{rank}.txt"), "w") as handle:  # which hot path recorded
         handle.write(f"{type(dist.all_reduce).__name__} {'+'.join(sorted(readers))}")
     dist.destroy_process_group()
@@ -136,12 +136,12 @@ def ddp_training(rank: int, world_size: int, port: int, out: str) -> None:
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
     # PyTorch's recorder learns of the last all-reduce's completion from gloo's thread: wait for it
-    from flightrec import torch_fr
+    from flightrec.record import torch_recorder
 
     pg = dist.group.WORLD
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        done = torch_fr.completed_seqs(torch_fr.read(include_entries=False))
+        done = torch_recorder.completed_seqs(torch_recorder.read(include_entries=False))
         if done and max(done.values()) >= pg._get_sequence_number_for_group():
             break
         time.sleep(0.1)
@@ -182,7 +182,7 @@ def exit_while_store_call_in_flight(rank: int, world_size: int, port: int, out: 
     std::terminate (Python ends it with pthread_exit), so our exit hook must outwait that call.
     Exit code 5: the watchdog thread outlived the exit hook.
     """
-    from flightrec import control
+    from flightrec import arming
 
     os.environ["FLIGHTREC_DUMP_ON_EXIT"] = "1"
     assert flightrec.enable(dir=out, timeout_s=60)
@@ -192,7 +192,7 @@ def exit_while_store_call_in_flight(rank: int, world_size: int, port: int, out: 
     if rank == 0:
         os._exit(0)
     time.sleep(0.5)  # rank 0 and its store are gone
-    watchdog = control.current().watchdog
+    watchdog = arming.current().watchdog
     watchdog.store._store = None
     watchdog.store._next_connect = 0.0
     watchdog._next_store_poll = 0.0
@@ -200,7 +200,7 @@ def exit_while_store_call_in_flight(rank: int, world_size: int, port: int, out: 
     time.sleep(0.3)  # the watchdog is now inside TCPStore() retrying the dead port
     task = f"/proc/self/task/{watchdog._thread.native_id}"  # the OS's view: is the thread still there?
     assert os.path.exists(task)
-    control._at_exit()
+    arming._at_exit()
     gone_by = time.monotonic() + 0.5  # a joined thread's task lingers a moment
     while os.path.exists(task) and time.monotonic() < gone_by:
         time.sleep(0.01)
@@ -210,8 +210,8 @@ def exit_while_store_call_in_flight(rank: int, world_size: int, port: int, out: 
 def predicted_counter_steps(rank: int, world_size: int, port: int, out: str) -> None:
     """Python all_reduces long enough for the recorder to predict the backend counter, with
     collectives issued straight on the ProcessGroup (as C++ code does) in between."""
-    from flightrec.control import current
-    from flightrec.recorder import TRUST_AFTER
+    from flightrec.arming import current
+    from flightrec.record.recorder import TRUST_AFTER
 
     assert flightrec.enable(dir=out, timeout_s=60)
     init_rank(rank, world_size, port)
@@ -238,12 +238,12 @@ def seq_readers(rank: int, world_size: int, port: int, out: str) -> None:
     and the same error where a backend keeps no counter."""
     import json
 
-    from flightrec import peek
+    from flightrec.record import cpp_reader
 
     init_rank(rank, world_size, port)
     sub = dist.new_group([0, 1])
     world = dist.group.WORLD
-    readers = {"world": (peek.seq_reader(world), world), "sub": (peek.seq_reader(sub), sub)}
+    readers = {"world": (cpp_reader.seq_reader(world), world), "sub": (cpp_reader.seq_reader(sub), sub)}
     pairs = []
 
     def compare() -> None:
@@ -266,7 +266,7 @@ def seq_readers(rank: int, world_size: int, port: int, out: str) -> None:
 
     fake = dist.new_group([0, 1], backend="fake")  # a backend that keeps no counter
     errors = {}
-    for name, read in (("reader", peek.seq_reader(fake)), ("pybind", fake._get_sequence_number_for_group)):
+    for name, read in (("reader", cpp_reader.seq_reader(fake)), ("pybind", fake._get_sequence_number_for_group)):
         try:
             errors[name] = repr(read())
         except Exception as exc:  # noqa: BLE001
@@ -280,11 +280,11 @@ def unwaited_async(rank: int, world_size: int, port: int, out: str) -> None:
     """An async op nobody waits on: the watchdog's poll must complete it and drop its Work."""
     import json
 
-    from flightrec import control
+    from flightrec import arming
 
     assert flightrec.enable(dir=out, timeout_s=60)
     init_rank(rank, world_size, port)
-    rec = control._state.recorder
+    rec = arming._state.recorder
     work = dist.all_reduce(torch.ones(4), async_op=True)
     entry = next(e for e in rec.ring.snapshot() if e.api == "all_reduce")
     deadline = time.monotonic() + 20
@@ -305,11 +305,11 @@ def ops_in_flight(rank: int, world_size: int, port: int, out: str) -> None:
     import json
     import threading
 
-    from flightrec import control
+    from flightrec import arming
 
     assert flightrec.enable(dir=out, timeout_s=60)
     init_rank(rank, world_size, port)
-    rec = control._state.recorder
+    rec = arming._state.recorder
     dist.barrier()
     seen: dict[str, object] = {}
     if rank == 0:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from fixtures.launch import descendants, free_port, stop_job
-from flightrec.dumper import read_dump
+from flightrec.format.names import dump_filename
+from tests.helpers import read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("launcher_job.py")
@@ -96,7 +97,7 @@ def terminate_torchrun(out: Path, flightrec: bool, ready_timeout_s: float = 90.0
             stop_job(proc, [pid for pid in seen if _alive(pid) and _ours(pid)])
     reasons: dict[int, str | None] = {}
     for rank in range(NPROC):
-        path = out / f"rank-{rank:05d}.json.gz"
+        path = out / dump_filename(rank)
         reasons[rank] = read_dump(str(path))["reason"] if path.exists() else None
     return Outcome(returncode, workers, orphans, reasons, log_path.read_text(errors="replace"))
 
@@ -121,7 +122,7 @@ def test_sigterm_to_torchrun_without_flightrec_stops_every_worker(tmp_path: Path
 NOT_ARMED_UNTIL_JOINED = """
 import signal, threading
 import torch.distributed as dist
-import flightrec.control as control
+import flightrec.arming as control
 
 def state():
     watchdog = any(t.name == "flightrec-watchdog" for t in threading.enumerate())
@@ -145,7 +146,7 @@ CHAINED = """
 import os, signal, sys, time
 import flightrec
 import torch.distributed as dist
-from flightrec.dumper import read_dump
+import gzip, json
 
 assert flightrec.enable(dir=sys.argv[1])
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -157,7 +158,7 @@ deadline = time.monotonic() + 20
 while not (hits and os.path.exists(path)) and time.monotonic() < deadline:
     time.sleep(0.05)
 time.sleep(1)  # the watchdog read the signal from the wakeup pipe and dumped: it must not kill us after
-print(hits == [signal.SIGTERM], read_dump(path)["reason"] if os.path.exists(path) else None)
+print(hits == [signal.SIGTERM], json.load(gzip.open(path, "rt"))["reason"] if os.path.exists(path) else None)
 """
 
 

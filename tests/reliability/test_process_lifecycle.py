@@ -60,7 +60,7 @@ DESTROY_AND_EXIT = """
 import sys, threading
 import torch, torch.distributed as dist
 import flightrec
-from flightrec import control
+from flightrec import arming
 assert flightrec.enable(dir=sys.argv[1], timeout_s=0.05, poll_s=0.001, dump_on_exit=True)
 for cycle in range(25):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -72,9 +72,9 @@ for cycle in range(25):
     dist.destroy_process_group(sub)
     dist.destroy_process_group()
     work.wait()
-watchdog = control.current().watchdog._thread
+watchdog = arming.current().watchdog._thread
 assert watchdog.is_alive()
-print(len(control.current().recorder.groups.known()), len(control.current().recorder.groups.retired), flush=True)
+print(len(arming.current().recorder.groups.known()), len(arming.current().recorder.groups.retired), flush=True)
 """
 
 

@@ -17,7 +17,7 @@ SOAK = """
 import json, os, sys, time
 import torch, torch.distributed as dist
 import flightrec
-from flightrec import control, log
+from flightrec import arming, log
 
 OPS, RING = int(sys.argv[2]), int(sys.argv[3])
 assert flightrec.enable(dir=sys.argv[1], buffer=RING, timeout_s=2.0)
@@ -42,7 +42,7 @@ for i in range(OPS):
         dist.all_reduce(x)
     if i % 10_000 == 9_999:
         samples.append((i + 1, rss()))
-rec = control.current().recorder
+rec = arming.current().recorder
 print(json.dumps({
     "samples": samples, "seconds": time.monotonic() - began, "recorded": rec.ring.recorded,
     "pending": len(rec.pending), "in_flight": len(rec.in_flight()), "polled": len(rec.polled), "by_work": len(rec.by_work),

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import flightrec
+from flightrec.format.names import dump_filename
 from tests.helpers import init_rank
 
 
@@ -115,7 +116,7 @@ def store_host_dies(rank: int, world_size: int, port: int, out: str, result: str
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(1.0)  # rank 0, and the store with it, are gone
     died = time.monotonic()
-    mine = os.path.join(out, f"rank-{rank:05d}.json.gz")
+    mine = os.path.join(out, dump_filename(rank))
 
     def leave_when_both_dumped() -> None:
         from tests.helpers import load_dump
@@ -164,7 +165,7 @@ def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: 
     os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # thousands of groups without thousands of sockets
     assert flightrec.enable(dir=out, timeout_s=60, buffer=threads * per_thread + 2 * per_thread + 4 * cycles + 400)
     init_rank(rank, world_size, port)
-    from flightrec import control
+    from flightrec import arming
 
     # Same ranks, hashed name: PyTorch reuses the name every cycle.
     for _ in range(cycles):
@@ -203,13 +204,13 @@ def threads_and_groups(rank: int, world_size: int, port: int, out: str, result: 
     created_s = time.monotonic() - began
     for g in lots[:: max(1, many // 100)]:
         dist.all_reduce(torch.ones(1), group=g)
-    registry = control.current().recorder.groups
+    registry = arming.current().recorder.groups
     live_after_many = len(registry.known())
 
     path = flightrec.dump("threads-and-groups")
     _save(f"{result}.{rank}", {"path": path, "created_s": created_s, "live_after_many": live_after_many,
                                "live_at_end": len(registry.known()), "retired": len(registry.retired),
-                               "pending": len(control.current().recorder.in_flight())})
+                               "pending": len(arming.current().recorder.in_flight())})
     dist.destroy_process_group()
 
 
@@ -220,9 +221,9 @@ class WhoAmI(torch.utils.data.Dataset):
         return 4
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        from flightrec import control
+        from flightrec import arming
 
-        armed = control.current()
+        armed = arming.current()
         watchdogs = sum(t.name == "flightrec-watchdog" for t in threading.enumerate())
         recorded = armed.recorder.ring.recorded if armed is not None else 0
         return torch.tensor([os.getpid(), int(armed is not None), watchdogs, recorded])
@@ -233,7 +234,7 @@ def a_thousand_groups(rank: int, world_size: int, port: int, out: str, result: s
     os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
     assert flightrec.enable(dir=out, timeout_s=60)
     init_rank(rank, world_size, port)
-    from flightrec import control
+    from flightrec import arming
 
     began = time.monotonic()
     lots = [dist.new_group([0, 1]) for _ in range(many)]
@@ -241,10 +242,10 @@ def a_thousand_groups(rank: int, world_size: int, port: int, out: str, result: s
     for i, g in enumerate(lots[:: max(1, many // used)]):
         for _ in range(i % 3 + 1):  # 1, 2 or 3 ops: per-group numbering must follow each group
             dist.all_reduce(torch.ones(1), group=g)
-    registry = control.current().recorder.groups
+    registry = arming.current().recorder.groups
     path = flightrec.dump("a-thousand-groups")
     _save(f"{result}.{rank}", {"path": path, "created_s": created_s, "live": len(registry.known()),
-                               "pending": len(control.current().recorder.in_flight())})
+                               "pending": len(arming.current().recorder.in_flight())})
     dist.destroy_process_group()
 
 
@@ -278,7 +279,7 @@ def _until_dumped(out: str, world_size: int, limit_s: float = 30.0) -> None:
     """Idle until every rank's dump is written, then leave at once (a hung collective never returns)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        if all(os.path.exists(os.path.join(out, f"rank-{r:05d}.json.gz")) for r in range(world_size)):
+        if all(os.path.exists(os.path.join(out, dump_filename(r))) for r in range(world_size)):
             time.sleep(0.5)  # let the last writer finish its rename and log
             break
         time.sleep(0.1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import analyzers
 from fixtures.launch import launch
-from flightrec.dumper import read_dump
+from tests.helpers import read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "fixtures" / "jobs" / "restarts.py"

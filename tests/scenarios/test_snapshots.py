@@ -14,6 +14,7 @@ from pathlib import Path
 
 import analyzers
 from fixtures.launch import descendants, free_port, stop_job
+from flightrec.format.names import dump_filename
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "fixtures" / "jobs" / "train.py"
@@ -23,7 +24,7 @@ def _snapshots(out: Path, world: int) -> list[dict]:
     found = []
     for rank in range(world):
         try:
-            with gzip.open(out / f"rank-{rank:05d}.json.gz", "rt") as handle:
+            with gzip.open(out / dump_filename(rank), "rt") as handle:
                 found.append(json.load(handle))
         except (OSError, EOFError, ValueError):  # not written yet
             return []
