@@ -12,7 +12,9 @@ member's own, each on its own clock, so no clock skew enters): `lag` = the peers
 its own (positive: it arrived after most of them). The shift is the first collective whose lag departs
 from the median lag of every collective before it by more than `MIN_SHIFT_MS` and five times their
 spread (median absolute deviation), with at least half of the collectives from there on departing as
-well: one late arrival is noise, a rank whose arrivals moved for good has changed what it pairs with.
+well, and by at least half as much as they do (`SAME_SIZE`): one late arrival is noise, a rank whose
+arrivals moved for good has changed what it pairs with, and a hiccup just before the shift, lifted by
+the departures after it, is not where it began.
 A rank's first collective of the group is left out (start-up skew). Fewer than `MIN_SIDE` collectives on
 either side of the first persistent departure, or none: timing cannot tell, and nothing is reported.
 """
@@ -28,6 +30,7 @@ MIN_SHIFT_MS = 3.0  # the jitter of an estimated end on a loaded host reaches ~2
 NOISE_FACTOR = 5.0  # ... and this many times the spread of the lags before it
 MIN_SIDE = 3  # collectives needed before and from the shift
 PERSISTENT_SHARE = 0.5  # share of the collectives from the shift on that depart as well
+SAME_SIZE = 0.5  # the shift's first departure is at least this share of the median departure from it on
 MAX_POINTS = 2048  # the newest collectives looked at per rank and group (the test is quadratic in them)
 MAX_PAIRS = 20  # (rank, group) pairs looked at per report
 
@@ -75,16 +78,19 @@ def _shift(lags: pd.Series, entries: pd.DataFrame, rank: int, group: str) -> dic
     for i in candidates:  # the first departure that persists: few are tried in any real series
         limit = max(MIN_SHIFT_MS, NOISE_FACTOR * float(np.median(np.abs(lag[:i] - base[i]))))
         after = np.abs(lag[i:] - base[i]) > limit
-        if after[0] and after.mean() >= PERSISTENT_SHARE:
-            if i < MIN_SIDE or n - i < MIN_SIDE:
-                return None  # too close to either end to tell a shift from where the series starts or stops
-            seq = int(lags.index[i])
-            moved = lag[i:][after] - base[i]
-            shift: dict[str, Any] = {"seq": seq, "before_ms": round(float(base[i]), 3),
-                                     "departure_ms": round(float(np.median(np.abs(moved))), 3),
-                                     "departed": int(after.sum()), "of": int(len(after))}
-            shift.update(_op_at(entries, rank, group, seq))
-            return shift
+        if not after[0] or after.mean() < PERSISTENT_SHARE:
+            continue
+        moved = lag[i:][after] - base[i]
+        if abs(moved[0]) < SAME_SIZE * float(np.median(np.abs(moved))):
+            continue  # a hiccup lifted by the shift after it
+        if i < MIN_SIDE or n - i < MIN_SIDE:
+            return None  # too close to either end to tell a shift from where the series starts or stops
+        seq = int(lags.index[i])
+        shift: dict[str, Any] = {"seq": seq, "before_ms": round(float(base[i]), 3),
+                                 "departure_ms": round(float(np.median(np.abs(moved))), 3),
+                                 "departed": int(after.sum()), "of": int(len(after))}
+        shift.update(_op_at(entries, rank, group, seq))
+        return shift
     return None
 
 
