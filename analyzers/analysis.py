@@ -31,6 +31,8 @@ from .constants import (
     SLOW,
 )
 from .diagnosis import groups as groups_mod
+from .diagnosis.cause_words import summary_words
+from .diagnosis.cause_words import words as cause_words
 from .diagnosis.causes import CauseResult, GroupNames, build_graph, find_causes
 from .diagnosis.divergence import Divergence, find_divergence
 from .diagnosis.divergence import line as divergence_line
@@ -60,8 +62,9 @@ from .reading.rankdump import RankDump
 from .reading.sample import SAMPLE_PER_CHANNEL
 from .textutil import channel_text, plural, ranges, straggler_cost, straggler_pattern, who
 from .timing.late_sites import late_at
+from .timing.lateness import lateness_of_ops
 from .timing.shifts import timing_shifts
-from .timing.stragglers import SlowResult, find_slow, lateness_of_ops
+from .timing.stragglers import SlowResult, find_slow
 
 SNAPSHOT_REASON = "snapshot"  # flightrec.arming.SNAPSHOT (the analyzer does not import the recorder)
 # flightrec.arming.RUNNING: dumps of a running job (a snapshot; a rank whose hang recovered, control.RECOVERED)
@@ -517,18 +520,12 @@ class Analysis:
         if not causes:
             return f"{verdict}: {plural(len(self._waits.waits), 'rank')} waiting, root cause unknown (see gaps)"
         head = causes[0]
-        first = f"rank {head.rank} {head.kind}" + (f" in {head.op} (group {head.group}, seq {head.seq})" if head.op else "")
-        if head.kind == MISMATCH and len(head.ranks) > 1:  # no majority, undecided (or a p2p pair): never one by number
-            first = (f"ranks {ranges(head.ranks)} disagree in {head.op} (group {head.group}, seq {head.seq}) "
-                     "and the evidence cannot tell which one diverged")
+        first = summary_words(head.kind, head.rank, head.ranks, head.op, head.group, head.seq)
+        if head.kind == MISMATCH and len(head.ranks) > 1:  # no majority, undecided (or a p2p pair): named once
             causes = [head] + [c for c in causes[1:] if (c.kind, c.ranks, c.group, c.seq) != (MISMATCH, head.ranks,
                                                                                              head.group, head.seq)]
-        if head.kind == EXITED:
-            first = f"rank {head.rank} exited normally" + (f" before {head.op} (group {head.group}, seq {head.seq})" if head.op else "")
-        if head.kind == CRASHED:
-            first = f"rank {head.rank} crashed" + (f" (awaited in {head.op}, group {head.group}, seq {head.seq})" if head.op else "")
         more = f" and {plural(len(causes) - 1, 'more root cause')}" if len(causes) > 1 else ""
-        affected = "failed, were stopped or wait after it" if head.kind == CRASHED else "waiting on it"
+        affected = cause_words(head.kind).victims
         # the first cause's own victims: crediting it with every cause's would blame it for the others
         tail = f"; {plural(len(head.victims), 'rank')} {affected}" if head.victims else (
             f"; {n_wait} waiting" if n_wait else "")

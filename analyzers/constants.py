@@ -101,5 +101,5 @@ TORCH_DTYPE_NAMES = {
 MAX_RANKS = 1 << 20
 
 # Timing: a rank must be late by at least this much (median) to count as slow, so that scheduler jitter
-# never qualifies; compute gaps shorter than it are overhead (reading/sample.py, timing/stragglers.py).
+# never qualifies; compute gaps shorter than it are overhead (reading/sample.py, timing/straggler_scoring.py, timing/blocking_ops.py).
 MIN_LATE_MS = 0.5

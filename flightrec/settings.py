@@ -20,6 +20,8 @@ MAX_BUFFER = 10_000_000
 ON_HANG_CHOICES = ("wait", "abort")  # FLIGHTREC_ON_HANG: what a rank does once its hang dump is written
 DEFAULT_ABORT_GRACE_S = 5.0  # with abort: how long the other ranks get to write theirs (FLIGHTREC_ABORT_GRACE_S)
 MAX_ABORT_GRACE_S = 3600.0
+DEFAULT_STRAGGLER_WINDOW_S = 60.0  # FLIGHTREC_STRAGGLER_WINDOW_S: the window a straggler's cost is measured over
+DEFAULT_STRAGGLER_SHARE = 0.05  # FLIGHTREC_STRAGGLER_SHARE: the share of it that makes a rank a straggler
 
 
 class SettingsError(ValueError):
@@ -43,6 +45,9 @@ class Settings:
     abort_grace_s: float = DEFAULT_ABORT_GRACE_S
     gil_watch: bool = True  # faulthandler's timer writes the stacks when the watchdog cannot run (watch/gil_watch.py)
     poll_s: float = field(default=0.0)  # 0 = derived from timeout_s
+    straggler_window_s: float = DEFAULT_STRAGGLER_WINDOW_S  # 0: no live pace, no alerts (watch/pace.py)
+    straggler_share: float = DEFAULT_STRAGGLER_SHARE
+    metrics_file: str = ""  # rank 0 rewrites this Prometheus textfile every scoring round; "" = none
 
     @property
     def watchdog_tick_s(self) -> float:
@@ -63,6 +68,9 @@ class Settings:
             "on_hang": self.on_hang,
             "abort_grace_s": self.abort_grace_s,
             "gil_watch": self.gil_watch,
+            "straggler_window_s": self.straggler_window_s,
+            "straggler_share": self.straggler_share,
+            "metrics_file": self.metrics_file,
         }
 
 
@@ -136,6 +144,24 @@ def _parse_abort_grace(raw: str) -> float:
     return value
 
 
+def _parse_straggler_window(raw: str) -> float:
+    value = _seconds("FLIGHTREC_STRAGGLER_WINDOW_S", raw)
+    if value != 0 and value < 1:
+        raise SettingsError(f"FLIGHTREC_STRAGGLER_WINDOW_S={raw!r} must be 0 (off) or at least 1 s: {DURATION_FORMS}")
+    return value
+
+
+def _parse_straggler_share(raw: str) -> float:
+    text = raw.strip()
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise SettingsError(f"FLIGHTREC_STRAGGLER_SHARE={raw!r} is not a share (0.05 or 5%)") from None
+    if not 0 < value < 1:
+        raise SettingsError(f"FLIGHTREC_STRAGGLER_SHARE={raw!r} must be between 0 and 1 (0.05 or 5%)")
+    return value
+
+
 def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
     """Settings from `env` (default `os.environ`), then keyword overrides from `flightrec.enable()`."""
     env = os.environ if env is None else env
@@ -161,6 +187,12 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         values["abort_grace_s"] = _parse_abort_grace(env["FLIGHTREC_ABORT_GRACE_S"])
     if "FLIGHTREC_GIL_WATCH" in env:
         values["gil_watch"] = _parse_bool("FLIGHTREC_GIL_WATCH", env["FLIGHTREC_GIL_WATCH"])
+    if "FLIGHTREC_STRAGGLER_WINDOW_S" in env:
+        values["straggler_window_s"] = _parse_straggler_window(env["FLIGHTREC_STRAGGLER_WINDOW_S"])
+    if "FLIGHTREC_STRAGGLER_SHARE" in env:
+        values["straggler_share"] = _parse_straggler_share(env["FLIGHTREC_STRAGGLER_SHARE"])
+    if env.get("FLIGHTREC_METRICS_FILE", "").strip():
+        values["metrics_file"] = env["FLIGHTREC_METRICS_FILE"].strip()
     for key, value in overrides.items():
         if key not in Settings.__dataclass_fields__:
             raise SettingsError(f"flightrec.enable() got an unknown option {key!r}")
@@ -177,6 +209,12 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             value = _parse_on_hang(str(value))
         elif key == "abort_grace_s":
             value = _parse_abort_grace(str(value))
+        elif key == "straggler_window_s":
+            value = _parse_straggler_window(str(value))
+        elif key == "straggler_share":
+            value = _parse_straggler_share(str(value))
+        elif key == "metrics_file":
+            value = os.fspath(value)  # type: ignore[arg-type]
         elif key in ("stacks", "dump_on_exit", "gil_watch"):
             value = bool(value)
         elif key == "dir":

@@ -20,7 +20,7 @@ os.environ.pop("FLIGHTREC", None)
 TESTS = Path(__file__).resolve().parent
 JOB_FOLDERS = {"recorder", "reliability", "scenarios"}
 NOT_JOBS = {"recorder/test_recovery_units.py", "recorder/test_thread_stacks.py", "recorder/test_torch_fr_read.py",
-            "recorder/test_cli_startup.py", "reliability/test_analyzer_fuzz.py", "reliability/test_analyzer_inputs.py"}
+            "recorder/test_cli_startup.py", "recorder/test_pace.py", "reliability/test_analyzer_fuzz.py", "reliability/test_analyzer_inputs.py"}
 JOBS = {"analyzer/test_jobs.py::test_real_two_jobs_in_one_folder", "analyzer/test_alignment.py::test_real_tutorial_job_blames_rank_0"}
 JOB_FIXTURES = {"batch_ring"}  # module fixtures that run a real job (tests/analyzer/test_trace_export.py)
 # the longest tests without a job, 15-140 s each on 2 cores: a wheel build, thousands of simulated jobs, fuzzing

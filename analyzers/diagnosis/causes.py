@@ -34,6 +34,7 @@ from ..reading.rankdump import RankDump, SideFile
 from ..textutil import group_text, plural, ranges
 from . import failures as fail
 from .matching import MatchResult
+from .mismatch import Shift
 from .waits import HOW_INFERRED, R_MISMATCH, R_NO_DUMP, Wait, entered_seqs, left_in_flight, progress_counters
 
 # Listing order of root causes: the kinds that decide the verdict (desync, deadlock) first.
@@ -127,29 +128,76 @@ def find_causes(
     `gil_stacks`: held-GIL stacks files by rank (reading/gil_stacks.py): a rank without a dump whose file was
     written after its peers began waiting for it was alive then, holding the GIL.
     """
-    desc = GroupNames(groups)
-    size = dict(zip(groups["group"].astype(str), groups["size"].astype(int), strict=True)) if len(groups) else {}
-    members = dict(zip(groups["group"].astype(str), groups["ranks"], strict=True)) if len(groups) else {}
-    culprit_at = {(str(g), int(q), int(r)) for g, q, r in matched.culprits.itertuples(index=False)}
-    causes: list[Cause] = []
-    notes: list[str] = []
+    ev = _Evidence.of(graph, waits, matched, dumps, absent, entries, groups, gil_stacks or {})
+    cycles = wait_cycles(graph)
+    causes = _deadlocks(ev, cycles)
+    roots, stuck, notes = _chain_ends(ev, in_cycle={r for c in cycles for r in c})
+    causes += roots + _comm_stuck_causes(ev, stuck)
+    causes += _unhung_desyncs(ev, causes)
+    causes = _drop_explained_by_shifts(causes, matched.shifts)
+    _mismatch_sites(causes, entries)
+    _other_threads(causes, dumps)
+    causes, left_behind = _failure_causes(ev, causes, failures or [])
+    _name_victims(ev, causes, failures or [], left_behind)
+    causes.sort(key=_listing_key)
+    return CauseResult(causes=causes, cycles=cycles, notes=notes)
 
-    # a wait on a rank that entered the op incompatibly (a mismatch) is the desync, not a wait that
-    # could close a cycle: the mismatched rank may have got through the op and wait further on
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What find_causes was given, with the group tables every phase looks up (read once)."""
+
+    graph: nx.DiGraph
+    waits: dict[int, Wait]
+    matched: MatchResult
+    dumps: dict[int, RankDump]
+    absent: dict[int, str]
+    entries: pd.DataFrame
+    desc: GroupNames
+    size: dict[str, int]  # group -> its size
+    members: dict[str, Any]  # group -> its member ranks
+    gil_stacks: dict[int, SideFile]
+
+    @classmethod
+    def of(cls, graph: nx.DiGraph, waits: dict[int, Wait], matched: MatchResult, dumps: dict[int, RankDump],
+           absent: dict[int, str], entries: pd.DataFrame, groups: pd.DataFrame,
+           gil_stacks: dict[int, SideFile]) -> _Evidence:
+        size = dict(zip(groups["group"].astype(str), groups["size"].astype(int), strict=True)) if len(groups) else {}
+        members = dict(zip(groups["group"].astype(str), groups["ranks"], strict=True)) if len(groups) else {}
+        return cls(graph=graph, waits=waits, matched=matched, dumps=dumps, absent=absent, entries=entries,
+                   desc=GroupNames(groups), size=size, members=members, gil_stacks=gil_stacks)
+
+
+def wait_cycles(graph: nx.DiGraph) -> list[list[int]]:
+    """Every wait cycle (sorted), leaving out waits on a rank that entered the op incompatibly: such a
+    wait is the desync, not one that could close a cycle (the mismatched rank may have got through the
+    op and wait further on)."""
     waiting = nx.subgraph_view(graph, filter_edge=lambda u, v: graph.edges[u, v].get("reason") != R_MISMATCH)
     sccs = [sorted(c) for c in nx.strongly_connected_components(waiting)
             if len(c) > 1 or waiting.has_edge(next(iter(c)), next(iter(c)))]
     sccs.sort()
-    in_cycle = {r for c in sccs for r in c}
-    for comp in sccs:
-        causes += _deadlock(graph, comp, waits, desc)
+    return sccs
 
-    culprit_ranks = set(matched.culprits["rank"].astype(int)) if len(matched.culprits) else set()
+
+def _deadlocks(ev: _Evidence, cycles: list[list[int]]) -> list[Cause]:
+    """A deadlock cause for every rank of every cycle: whatever ops close it, each rank in it is to blame."""
+    return [c for comp in cycles for c in _deadlock(ev.graph, comp, ev.waits, ev.desc)]
+
+
+def _chain_ends(ev: _Evidence, in_cycle: set[int]) -> tuple[list[Cause], dict[tuple[Any, ...], list[Wait]], list[str]]:
+    """The ranks the wait chains end at (outside any cycle, waiting for nobody): a root cause where others
+    wait for it; the op instance it is stuck in where it entered an op and waits for nobody (comm_stuck,
+    one per instance); a note where the dumps cannot say whom it waits for."""
+    graph = ev.graph
+    culprit_at = {(str(g), int(q), int(r)) for g, q, r in ev.matched.culprits.itertuples(index=False)}
+    culprit_ranks = set(ev.matched.culprits["rank"].astype(int)) if len(ev.matched.culprits) else set()
+    causes: list[Cause] = []
+    notes: list[str] = []
     stuck_instances: dict[tuple[Any, ...], list[Wait]] = defaultdict(list)
     for r in graph.nodes:
         if r in in_cycle or graph.out_degree(r) > 0:
             continue
-        w = waits.get(r)
+        w = ev.waits.get(r)
         if w is not None and not w.targets:
             if w.unknown or w.how == HOW_INFERRED:
                 if graph.in_degree(r):
@@ -159,68 +207,107 @@ def find_causes(
                     )
                 continue
             if (w.group, w.seq, r) in culprit_at:
-                causes.append(_mismatch_at(r, w.group, w.seq, w.op, matched, desc))
+                causes.append(_mismatch_at(r, w.group, w.seq, w.op, ev.matched, ev.desc))
                 continue
             stuck_instances[_instance_key(w)].append(w)
-            continue
-        if graph.in_degree(r) == 0:
-            continue
-        waited = _waited_positions(graph, r, waits)
-        reasons = {graph.edges[u, r]["reason"] for u in graph.predecessors(r)}
-        if R_MISMATCH in reasons and r in culprit_ranks:  # show where it entered the wrong op
-            waited = _waited_positions(graph, r, waits, only=R_MISMATCH)
-        g, s, op = _pick(waited, size, waits)
-        op = OWED.get(op, op)  # a peer waiting in its send is owed a recv, and the other way round
-        if r in absent:
-            held = (gil_stacks or {}).get(r)
-            alive = _holding_gil(r, g, s, op, held, waited, waits, desc) if held is not None else None
-            causes.append(alive or _missing(r, g, s, op, absent[r], waited, desc, held))
-        elif R_MISMATCH in reasons and r in culprit_ranks:
-            causes.append(_mismatch_at(r, g, s, op, matched, desc))
-        else:
-            causes.append(_not_entered(r, g, s, op, waited, dumps[r], entries, desc))
+        elif graph.in_degree(r):
+            causes.append(_waited_root(ev, r, culprit_ranks))
+    return causes, stuck_instances, notes
 
-    for key, stuck in stuck_instances.items():
-        group_members = list(members.get(key[1], ())) if key[0] == "coll" else list(key[2])
-        causes.append(_comm_stuck(stuck, group_members, desc))
 
+def _waited_root(ev: _Evidence, r: int, culprit_ranks: set[int]) -> Cause:
+    """Why rank `r`, which others wait for and which waits for nobody, holds them: it left no dump (or is
+    alive, holding the GIL), entered an incompatible op, or never entered the op they wait in."""
+    graph = ev.graph
+    waited = _waited_positions(graph, r, ev.waits)
+    reasons = {graph.edges[u, r]["reason"] for u in graph.predecessors(r)}
+    if R_MISMATCH in reasons and r in culprit_ranks:  # show where it entered the wrong op
+        waited = _waited_positions(graph, r, ev.waits, only=R_MISMATCH)
+    g, s, op = _pick(waited, ev.size, ev.waits)
+    op = OWED.get(op, op)  # a peer waiting in its send is owed a recv, and the other way round
+    if r in ev.absent:
+        held = ev.gil_stacks.get(r)
+        alive = _holding_gil(r, g, s, op, held, waited, ev.waits, ev.desc) if held is not None else None
+        return alive or _missing(r, g, s, op, ev.absent[r], waited, ev.desc, held)
+    if R_MISMATCH in reasons and r in culprit_ranks:
+        return _mismatch_at(r, g, s, op, ev.matched, ev.desc)
+    return _not_entered(r, g, s, op, waited, ev.dumps[r], ev.entries, ev.desc)
+
+
+def _comm_stuck_causes(ev: _Evidence, stuck: dict[tuple[Any, ...], list[Wait]]) -> list[Cause]:
+    """One comm_stuck cause per op instance its members entered and none finished: the link or device,
+    not a rank's code, is to suspect."""
+    out = []
+    for key, instance in stuck.items():
+        group_members = list(ev.members.get(key[1], ())) if key[0] == "coll" else list(key[2])
+        out.append(_comm_stuck(instance, group_members, ev.desc))
+    return out
+
+
+def _unhung_desyncs(ev: _Evidence, causes: list[Cause]) -> list[Cause]:
+    """A mismatch cause for every mismatching rank no cause names yet: desyncs that did not (yet) hang
+    anything are root causes too."""
     covered = {(c.rank, c.group, "coll") for c in causes if c.kind == MISMATCH}
-    for m in matched.mismatches:  # desyncs that did not (yet) hang anything are root causes too
+    out = []
+    for m in ev.matched.mismatches:
         for r in m.ranks:  # p2p: both sides; no majority and no alignment: every rank of the position
             if (r, m.group, m.kind) not in covered:
                 covered.add((r, m.group, m.kind))
-                causes.append(_mismatch_at(r, m.group, m.seq, m.op, matched, desc, kind=m.kind))
-    for shift in matched.shifts:  # the others did not fail to enter: the shifted ranks wait past their last op
+                out.append(_mismatch_at(r, m.group, m.seq, m.op, ev.matched, ev.desc, kind=m.kind))
+    return out
+
+
+def _drop_explained_by_shifts(causes: list[Cause], shifts: list[Shift]) -> list[Cause]:
+    """Drop the not_entered causes an extra op explains: the others did not fail to enter, the shifted
+    ranks wait past their last op."""
+    for shift in shifts:
         causes = [c for c in causes if not (c.kind == NOT_ENTERED and c.group == shift.group and c.rank in shift.others
                                             and (c.seq or 0) > shift.last)]
-    _mismatch_sites(causes, entries)
-    _other_threads(causes, dumps)
+    return causes
 
+
+def _failure_causes(ev: _Evidence, causes: list[Cause],
+                    failures: list[fail.Failure]) -> tuple[list[Cause], dict[int, list[int]]]:
+    """The causes with the ranks' failures put in time order (_order_failures), and who each rank that
+    left deserted (its victims): read once, for the causes and their victims."""
     groups: dict[str, tuple[int, ...]] = {}
     entered: dict[tuple[int, str], int] = {}
     left_behind: dict[int, list[int]] = {}
-    if failures:  # who left while others still ran: read once, for the causes and their victims
-        groups = {str(g): tuple(int(r) for r in ranks) for g, ranks in members.items()}
-        colls = progress_counters(dumps)[0]
-        entered = entered_seqs(entries, colls)
-        stranded = left_in_flight(colls, fail.exited_ranks(dumps))
+    if failures:  # who left while others still ran
+        groups = {str(g): tuple(int(r) for r in ranks) for g, ranks in ev.members.items()}
+        colls = progress_counters(ev.dumps)[0]
+        entered = entered_seqs(ev.entries, colls)
+        stranded = left_in_flight(colls, fail.exited_ranks(ev.dumps))
         left_behind = fail.deserters(failures, entered, groups, frozenset(stranded["rank"].astype(int)))
-    causes = _order_failures(causes, failures or [], dumps, absent, entries, desc, groups, entered, left_behind)
+    causes = _order_failures(causes, failures, ev.dumps, ev.absent, ev.entries, ev.desc, groups, entered, left_behind)
+    return causes, left_behind
+
+
+def _name_victims(ev: _Evidence, causes: list[Cause], failures: list[fail.Failure],
+                  left_behind: dict[int, list[int]]) -> None:
+    """Each cause's victims: the ranks that wait on it, directly or through others (and, for a crash, the
+    ranks that failed after it; for an exit, those that failed on the connection it closed), never
+    another cause's rank."""
     cause_ranks = {r for c in causes for r in (c.ranks or [c.rank])}
-    fallen = {f.rank for f in failures or [] if f.kind != fail.EXITED}
+    fallen = {f.rank for f in failures if f.kind != fail.EXITED}
     for c in causes:
         anc: set[int] = set()
         for r in c.ranks or [c.rank]:
-            if r in graph:
-                anc |= nx.ancestors(graph, r)
+            if r in ev.graph:
+                anc |= nx.ancestors(ev.graph, r)
         if c.kind == CRASHED:
             anc |= fallen  # every rank that failed or was terminated after it went down with it
         if c.kind == EXITED:
             anc |= set(left_behind.get(c.rank, ()))  # they failed on the connection it closed
         c.victims = sorted(anc - cause_ranks)
-    order = {k: i for i, k in enumerate(CAUSE_ORDER)}
-    causes.sort(key=lambda c: (order.get(c.kind, 99), c.rank, c.group or "", c.seq or 0))
-    return CauseResult(causes=causes, cycles=sccs, notes=notes)
+
+
+_KIND_ORDER = {k: i for i, k in enumerate(CAUSE_ORDER)}
+
+
+def _listing_key(c: Cause) -> tuple[int, int, str, int]:
+    """Where a cause is listed: the kinds that decide the verdict first (CAUSE_ORDER), then by rank."""
+    return (_KIND_ORDER.get(c.kind, 99), c.rank, c.group or "", c.seq or 0)
 
 
 def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: dict[int, RankDump],

@@ -34,7 +34,7 @@ from .. import stackview
 from ..constants import CPP_SITE
 from ..keys import dense_ids, pack_keys
 from ..textutil import ranges
-from .matching import Shift
+from .mismatch import Shift
 
 MAX_ITEMS = 100  # ranks named per report
 UNKNOWN_SITE = "unknown call site"

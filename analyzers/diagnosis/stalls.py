@@ -8,7 +8,7 @@ long, where, and that the timeout dump was a false alarm. Without a timeout dump
 timeout set higher than the stall) the same long hold is named when it stands far above the group's
 usual waits, so that "healthy" never hides it.
 
-A hold is the stragglers' raw lateness (timing/stragglers.py): the longest member duration of a
+A hold is the stragglers' raw lateness (timing/lateness.py): the longest member duration of a
 complete blocking collective minus the member's own, local clocks only. An instance is a stall when
 its longest hold is at least HOLD_MIN_S and
 - at least the recorder's timeout (`settings.timeout_s`: the watchdog fired, or would have), or

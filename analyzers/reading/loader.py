@@ -25,7 +25,7 @@ import pandas as pd
 from ..constants import FMT_FLIGHTREC, FMT_TORCH_JSON, FMT_TORCH_PICKLE
 from ..memory import release_free_memory, reuse_freed_memory
 from ..textutil import ranges
-from . import read_torch_fr, sources
+from . import read_torch_fr, sources, torch_fr_p2p
 from .attempts import NoSuchAttempt, split_attempts
 from .cluster import client_for
 from .columns import Columns, Templated, concat_columns, expand_batch, slim, take_rows, to_frame
@@ -260,7 +260,7 @@ def merge_batches(batches: list[Batch], chosen: dict[int, RankDump], builder: Ta
     ranks = table["rank"]
     if len(ranks) > 1 and bool((ranks[1:] < ranks[:-1]).any()):
         table = take_rows(table, np.argsort(ranks, kind="stable"))  # files not named in rank order
-    return to_frame(read_torch_fr.renumber_anchored_pairs(table))
+    return to_frame(torch_fr_p2p.renumber_anchored_pairs(table))
 
 
 Folders = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]

@@ -23,7 +23,7 @@ from flightrec.format.names import DUMP_NAME
 
 from .. import testing
 from ..constants import FMT_TORCH_JSON, FMT_TORCH_PICKLE, MAX_RANKS
-from . import gil_stacks, pickle_columns, read_flightrec, read_torch_fr, safe_pickle
+from . import gil_stacks, pickle_columns, read_flightrec, read_torch_fr, safe_pickle, torch_fr_meta
 from .rankdump import DumpError, FileProblem, RankDump, SideFile
 
 try:  # optional: 2-3x faster than the standard library on big dumps; same results
@@ -38,7 +38,7 @@ TRAILING_RANK = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?(?:\.gz)?$")
 def rank_from_name(name: str) -> int | None:
     """`rank-00003.json.gz` / `rank-00003.attempt-2.json.gz` -> 3, `nccl_trace_rank_3` / `comm_lib_trace_rank_3.json` -> 3,
     `hccl_trace_rank_3_py_traceback` -> 3, else None."""
-    name = name.removesuffix(read_torch_fr.PY_TRACEBACK_SUFFIX)
+    name = name.removesuffix(torch_fr_meta.PY_TRACEBACK_SUFFIX)
     if name.startswith("rank-"):  # flightrec's own names; `rank-unknown-<pid>` names no rank
         m = DUMP_NAME.match(name)
     else:
@@ -65,7 +65,7 @@ def read_with(name: str, fetch: Callable[[], bytes], lazy: bool = False) -> Rank
     """Normalise the bytes `fetch` returns (a local file, an fsspec object); problems become FileProblem.
     torch_npu's `_py_traceback` text files come back as a SideFile for the loader to pair with their rank."""
     hint = rank_from_name(name)
-    if name.endswith(read_torch_fr.PY_TRACEBACK_SUFFIX):
+    if name.endswith(torch_fr_meta.PY_TRACEBACK_SUFFIX):
         return _side_file(name, fetch, hint)
     paused = gc.isenabled()
     if paused:  # decoding makes ~10^5 containers per dump: the cyclic GC would rescan them all, twice as slow
@@ -93,7 +93,7 @@ def _side_file(name: str, fetch: Callable[[], bytes], hint: int | None) -> SideF
         return FileProblem(file=name, reason=f"cannot read file ({exc.strerror or exc})", rank=hint)
     except DumpError as exc:
         return FileProblem(file=name, reason=str(exc), rank=hint)
-    threads = read_torch_fr.parse_py_traceback(text)
+    threads = torch_fr_meta.parse_py_traceback(text)
     if not threads:
         return FileProblem(file=name, reason="torch_npu Python-stack file with no thread stacks in it", rank=hint)
     return SideFile(file=name, rank=hint, threads=threads)

@@ -18,7 +18,7 @@ from .codes import Coded, dtype_text, encode, recode, text_column
 from .columns import Columns, Templated, expand_batch
 from .dump_columns import split_templates, unpack
 from .rankdump import DumpError, GroupInfo, RankDump
-from .read_torch_fr import parse_pg_status
+from .torch_fr_meta import parse_pg_status
 
 FORMAT_TAG = "flightrec-dump"
 REQUIRED_COLUMNS = ("id", "group", "seq", "kind", "op", "state")

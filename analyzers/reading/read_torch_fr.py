@@ -10,12 +10,13 @@ per-pair sequence (k-th send a->b matches the k-th recv b<-a), `nccl:recv 1<-0` 
 peer. Completion comes from what the format observed (device events; else `retired` and
 pg_status), never from the op-name prefix. What the format cannot say is left to the loader's notes
 instead of being guessed.
+
+The per-pair p2p numbering is in torch_fr_p2p.py, the recorder, `pg_config`, `pg_status` and traceback
+parsing in torch_fr_meta.py; this module maps the entries.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -24,12 +25,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..constants import COMPLETED, ENQUEUED, MAX_RANKS, STARTED, TORCH_DTYPE_NAMES
+from ..constants import COMPLETED, ENQUEUED, STARTED, TORCH_DTYPE_NAMES
 from ..keys import first_rows, group_ids
 from .codes import Coded, dtype_text, serialised_keys, text_column
 from .columns import Templated, expand_batch, finish_columns
 from .pickle_columns import CodedColumn, Column, ColumnarEntries, OpColumn, ScalarColumn
 from .rankdump import DumpError, GroupInfo, RankDump
+from .torch_fr_meta import (
+    DEFAULT_GROUP_NAMES,
+    PYTORCH,
+    TORCH_NPU,
+    TORCHCOMMS,
+    _default_group,
+    _pg_config_groups,
+    _recorder,
+    parse_pg_status,
+)
+from .torch_fr_p2p import _pair_seq
 
 PROFILING_NAME = re.compile(
     r"^(?:(?P<backend>[A-Za-z0-9_]+):)?(?P<op>[A-Za-z0-9_]+)(?:\s+(?P<a>\d+)\s*(?P<arrow>->|<-)\s*(?P<b>\d+))?"
@@ -38,18 +50,7 @@ STATE_MAP = {"scheduled": ENQUEUED, "started": STARTED, "completed": COMPLETED}
 STATE_CATS = [ENQUEUED, STARTED, COMPLETED, "unknown"]  # one list for every rank: a batch merges it once
 UNKNOWN_STATE = STATE_CATS.index("unknown")
 REQUIRED = ("process_group", "profiling_name", "collective_seq_id", "record_id", "state")
-PAIR_ANCHOR = 1 << 20  # a pair's last completed transfer: see _pair_seq (rings hold far fewer entries; the
-# loader renumbers the pairs from 1 once every rank is read: renumber_anchored_pairs)
-NPU_DEFAULT_GROUP = "group_name_0"  # torch_npu names groups `group_name_<torch group name>`, with an empty desc
-DEFAULT_GROUP_NAMES = ("0", NPU_DEFAULT_GROUP)
-# backends fr_trace accepts as a `profiling_name` prefix; torchcomms uses the backend as the group desc
-BACKEND_NAMES = frozenset({"nccl", "ncclx", "xccl", "gloo", "rccl", "rcclx", "mccl", "hccl"})
 VERSION = re.compile(r"^[12]\.\d+$")
-PY_TRACEBACK_SUFFIX = "_py_traceback"
-THREAD_LINE = re.compile(r"^thread (.+):\s*$")
-THREAD_NAME = re.compile(r"^<(\w+)\(([^,()]+)")
-FRAME_LINE = re.compile(r'^\s*File "([^"]*)", line (\d+), in (.+?)\s*$')
-TORCHCOMMS, TORCH_NPU, PYTORCH = "torchcomms", "torch_npu", "pytorch"
 
 NOTE_GLOO = (
     "PyTorch's gloo recorder records no timestamps, no send/recv and an empty pg_config, and marks ops "
@@ -424,73 +425,6 @@ class _StateCodes:
         return Coded(table[self.codes], STATE_CATS)
 
 
-def _pair_seq(pair: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-pair sequence numbers of send/recv rows (k-th send a->b pairs with the k-th recv b<-a), and
-    which rows were anchored. `pair`: each row's (group, op, peer) as one id.
-
-    Counting from the oldest entry kept breaks once the ring wrapped: the two sides dropped different
-    numbers of older ops. A completed transfer completed on both sides, so each side's last completed
-    op of a pair is the same transfer: numbering every op of the pair from it (at PAIR_ANCHOR) lines the
-    two sides up whatever each ring dropped. A pair with nothing completed on record (or a recorder
-    that cannot see completion) is counted from its oldest entry kept.
-    """
-    position = _cumcount(pair) + 1
-    last_done = np.zeros(int(pair.max()) + 1, dtype=np.int64)
-    np.maximum.at(last_done, pair, np.where(done, position, 0))
-    anchor = last_done[pair]
-    anchored = anchor > 0
-    return np.where(anchored, PAIR_ANCHOR + position - anchor, position), anchored
-
-
-def renumber_anchored_pairs(table: dict[str, Any]) -> dict[str, Any]:
-    """The merged columns (before they become the entry table) with PyTorch-format transfers numbered
-    from 1 again, per pair; `seq` is changed in place.
-
-    `_pair_seq` numbers a pair's transfers around PAIR_ANCHOR on each rank alone (so that both sides
-    line up however their rings wrapped); the report would show those numbers ("send, seq 1048577").
-    Once every rank is read, each pair (group, sender, receiver) is shifted by one amount on both
-    sides, so its oldest transfer either side still holds is 1: the same alignment, numbers a person
-    can read."""
-    seq = table.get("seq")
-    if not isinstance(seq, np.ndarray) or not len(seq):
-        return table
-
-    def equals(name: str, value: str) -> np.ndarray | None:
-        column = table.get(name)
-        if not isinstance(column, Coded) or value not in column.cats:
-            return None
-        return column.codes == column.cats.index(value)
-
-    from_torch, p2p = equals("source", "torch_fr"), equals("kind", "p2p")
-    if from_torch is None or p2p is None:
-        return table
-    rows = np.flatnonzero(from_torch & p2p & (seq > PAIR_ANCHOR // 2))
-    if not len(rows):
-        return table
-    rank, peer = table["rank"][rows], table["peer"][rows]
-    sends = equals("op", "send")
-    send = sends[rows] if sends is not None else np.zeros(len(rows), dtype=bool)
-    group = table["group"].codes[rows].astype(np.int64)
-    pair = group_ids([group, np.where(send, rank, peer), np.where(send, peer, rank)])
-    lowest = np.full(int(pair.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(lowest, pair, seq[rows])
-    seq[rows] -= lowest[pair] - 1
-    return table
-
-
-def _cumcount(key: np.ndarray) -> np.ndarray:
-    """Each row's position (from 0) among the earlier rows with its key."""
-    order = np.argsort(key, kind="stable")
-    ordered = key[order]
-    first = np.ones(len(key), dtype=bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    starts = np.flatnonzero(first)
-    position = np.arange(len(key)) - starts[np.cumsum(first) - 1]
-    out = np.empty(len(key), dtype=np.int64)
-    out[order] = position
-    return out
-
-
 def _ints(values: Sequence[Any] | None, n: int) -> np.ndarray:
     """An id column as int64 (-1 where missing); JSON dumps and PyTorch's tests may give numbers as strings."""
     if values is None:
@@ -586,49 +520,6 @@ def _retired_state(ops: _Ops, op_id: np.ndarray, pg_status: dict[str, dict[str, 
     return Coded(np.where(pending, STATE_CATS.index(STARTED), STATE_CATS.index(COMPLETED)).astype(np.int32), STATE_CATS)
 
 
-def _recorder(obj: dict[str, Any], process_groups: Sequence[Any]) -> str:
-    """Which recorder wrote the dump: they share PyTorch's schema but differ in what their fields mean."""
-    cfg = obj.get("pg_config") if isinstance(obj.get("pg_config"), dict) else {}
-    names = [str(k) for k in cfg]
-    pairs = _distinct_pairs(process_groups)
-    names += [str(p[0]) for p in pairs]
-    descs = [str(p[1]) for p in pairs if len(p) > 1]
-    if "hccl_comm_state" in obj or any(n.startswith("group_name_") for n in names):
-        return TORCH_NPU
-    bare = [v.get("ranks") for v in cfg.values() if isinstance(v, dict) and isinstance(v.get("ranks"), str)]
-    if any(r and not r.lstrip().startswith("[") for r in bare) or (descs and all(d in BACKEND_NAMES for d in descs)):
-        return TORCHCOMMS  # comma-separated ranks, and the backend as every group's desc
-    return PYTORCH
-
-
-def _distinct_pairs(values: Sequence[Any]) -> list[tuple[Any, ...]]:
-    """The distinct `process_group` values that are [name, desc] pairs, each once (deduplicated in C)."""
-    if isinstance(values, CodedColumn):
-        values = values.uniques
-    try:
-        distinct = list(dict.fromkeys(values))  # pickles: tuples
-    except TypeError:
-        try:
-            distinct = list(dict.fromkeys(map(tuple, values)))  # JSON: lists
-        except TypeError:
-            distinct = [v for v in values if isinstance(v, (list, tuple))]
-    return [tuple(p) for p in distinct if _is_pair(p)]
-
-
-def _is_pair(value: Any) -> bool:
-    """A `process_group` value as recorders write it: [name, desc] (a list in JSON, a tuple in pickles)."""
-    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, (str, int)) for v in value)
-
-
-def _default_group(groups: list[GroupInfo], meta: dict[str, Any]) -> None:
-    """torch_npu's default group `group_name_0` has an empty desc: name it, and take the world size from it."""
-    for g in groups:
-        if g.name == NPU_DEFAULT_GROUP:
-            g.desc = g.desc or "default_pg"
-            if g.ranks:
-                meta["world_size"] = len(g.ranks)
-
-
 def _global_peers(group: list[str], local: list[str | None], is_p2p: np.ndarray, groups: list[GroupInfo]) -> np.ndarray:
     """Group-local peer numbers of `send a->b` / `recv a<-b` to global ranks (-1 when unknown), per op."""
     members = {g.name: _sorted_ranks(g.ranks) if g.ranks else None for g in groups}
@@ -703,85 +594,3 @@ def _torch_dtypes(text: str) -> str:
     return ",".join(TORCH_DTYPE_NAMES.get(t, t) for t in dtype_text(text).split(",") if t)
 
 
-def _pg_config_groups(cfg: Any, own_rank: int | None = None) -> list[GroupInfo]:
-    """Groups from `pg_config`. `own_rank` (torchcomms): early torchcomms listed comm-local ranks 0..n-1,
-    later ones global ranks; a list without the dump's own rank cannot be global and is dropped."""
-    out: list[GroupInfo] = []
-    if not isinstance(cfg, dict):
-        return out
-    for name, info in cfg.items():
-        if not name or not isinstance(info, dict):
-            continue
-        ranks = _parse_ranks(info.get("ranks"))
-        if ranks is not None and own_rank is not None and own_rank not in ranks:
-            ranks = None
-        out.append(GroupInfo(name=str(name), desc=str(info.get("desc") or ""), ranks=ranks))
-    return out
-
-
-def _parse_ranks(value: Any) -> tuple[int, ...] | None:
-    """`"[0, 1]"` (PyTorch, torch_npu), `"0,1"` (torchcomms) or a list; None when absent or odd."""
-    if isinstance(value, str):
-        return _ranks_text(value)
-    return _rank_tuple(value)
-
-
-@functools.lru_cache(maxsize=1024)
-def _ranks_text(text: str) -> tuple[int, ...] | None:
-    """Cached: every rank's dump spells the world group's 16,384 members the same way, and a worker
-    reads hundreds of them (the same tuple back also lets the loader share it without hashing it)."""
-    text = text.strip()
-    try:
-        return _rank_tuple(json.loads(text if text.startswith("[") else f"[{text}]"))
-    except ValueError:
-        return None
-
-
-def _rank_tuple(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and value and set(map(type, value)) == {int} and 0 <= min(value) and max(value) < MAX_RANKS:
-        return tuple(value)
-    return None
-
-
-def parse_py_traceback(text: str) -> list[dict[str, Any]]:
-    """torch_npu's `<prefix><rank>_py_traceback` side file as flightrec thread records.
-
-    Written by ProcessGroupHCCL::dumpPythonTraceback: `pid: N`, then per thread `thread <repr or id>:`
-    followed by `traceback.format_list` lines (`  File "f", line N, in fn` and the source line),
-    outermost frame first, which is the order flightrec's own `stack` uses.
-    """
-    threads: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        head = THREAD_LINE.match(line)
-        if head:
-            label = head.group(1)
-            named = THREAD_NAME.search(label)
-            name = named.group(2) if named else f"thread-{label}"
-            threads.append({
-                "name": name,
-                "ident": int(label) if label.isdigit() else None,
-                "is_main": bool(named and (named.group(1) == "_MainThread" or name == "MainThread")),
-                "stack": [],
-            })
-            continue
-        frame = FRAME_LINE.match(line)
-        if frame and threads:
-            threads[-1]["stack"].append(f"{frame.group(1)}:{frame.group(2)} in {frame.group(3)}")
-    return threads
-
-
-def parse_pg_status(status: Any) -> dict[str, dict[str, int]] | None:
-    """`pg_status` with its counters as ints (JSON dumps give strings, pickles ints); None if absent."""
-    if not isinstance(status, dict):
-        return None
-    out: dict[str, dict[str, int]] = {}
-    for pg, fields in status.items():
-        if isinstance(fields, dict):
-            clean = {}
-            for k, v in fields.items():
-                try:
-                    clean[k] = int(v)
-                except (TypeError, ValueError):
-                    continue
-            out[str(pg)] = clean
-    return out

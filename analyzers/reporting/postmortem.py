@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..analysis import Analysis
 from ..constants import COMPLETED, FAILED, PENDING_STATES, UNKNOWN
-from ..timing.stragglers import rank_costs
+from ..timing.straggler_scoring import rank_costs
 
 # Values of the derived `status` column (what the analysis concluded about each entry).
 ST_COMPLETED, ST_FAILED, ST_BLOCKING, ST_PENDING, ST_MISMATCH, ST_UNKNOWN = (
@@ -265,7 +265,7 @@ def _collective_ids(df: pd.DataFrame, offset: pd.Series) -> pd.Series:
 
 
 def _lateness_columns(a: Analysis, df: pd.DataFrame) -> pd.DataFrame:
-    """The analyzer's lateness (stragglers.py) joined back onto the entries it was measured on."""
+    """The analyzer's lateness (timing/lateness.py) joined back onto the entries it was measured on."""
     lat = a.slow.lateness
     out = pd.DataFrame({"late_ns": pd.array([pd.NA] * len(df), dtype="Int64"),
                         "last": pd.array([pd.NA] * len(df), dtype="boolean")}, index=df.index)

@@ -15,21 +15,13 @@ import pandas as pd
 
 from .. import stackview
 from ..constants import COMM_STUCK, CPP_SITE, CRASHED, EXITED, KIND_DEADLOCK, MISMATCH, MISSING_DUMP, NOT_ENTERED
+from ..diagnosis.cause_words import headline_words
+from ..diagnosis.cause_words import words as cause_words
 from ..diagnosis.divergence import line as divergence_line
 from ..diagnosis.stalls import short_site
 from ..textutil import channel_text, group_text, plural, ranges, rank_text, straggler_cost, straggler_pattern, who
 from .todo import cause_step, slow_step
 
-# What each root-cause kind means, in the words an on-call engineer would use (report-format.md has the kinds).
-KIND_WORDS = {
-    NOT_ENTERED: "never reached the op its peers wait in",
-    MISSING_DUMP: "left no usable dump",
-    MISMATCH: "called an op its peers did not",
-    COMM_STUCK: "every member entered the op, and it never completed (suspect the link or device)",
-    KIND_DEADLOCK: "waits in a cycle",
-    CRASHED: "crashed",
-    EXITED: "exited while its peers still wait for it",
-}
 DUMP_REASONS = {  # the dump's `reason`, in words
     "timeout": "its own timeout (an op outlived FLIGHTREC_TIMEOUT)",
     "peer_request": "another rank's request (that rank timed out)",
@@ -156,44 +148,48 @@ def headline(report: dict[str, Any]) -> str:
     here = _position(c) if c.get("op") is not None else None
     waiters = next((rs for pos, rs in direct if pos == here), None) or sorted({r for _, rs in direct for r in rs})
     held = len(report.get("victims") or c.get("victims") or [])
-    me = f"rank {c['rank']}"
-    if c["kind"] == NOT_ENTERED and c.get("gil_stacks"):
-        at = stackview.where_text(c["gil_stacks"]["at"], None) if c["gil_stacks"].get("at") else "an unknown frame"
-        what = f"{me} is alive, not answering: holding the GIL at {at}; it never reached {_position(c)}"
-    elif c["kind"] == NOT_ENTERED:
-        what = f"{me} never reached {_position(c)}"
-    elif c["kind"] == MISSING_DUMP:
-        what = f"{me} left no usable dump, and its peers wait for it in {_position(c)}"
-    elif c["kind"] == EXITED:
+    kind, variant, slots = c["kind"], "", {"me": f"rank {c['rank']}"}  # the words: cause_words.CAUSE_WORDS
+    if kind == NOT_ENTERED:
+        slots["at"] = _position(c)
+        if c.get("gil_stacks"):
+            at = stackview.where_text(c["gil_stacks"]["at"], None) if c["gil_stacks"].get("at") else "an unknown frame"
+            variant, slots["frame"] = "alive", at
+    elif kind == MISSING_DUMP:
+        slots["at"] = _position(c)
+    elif kind == EXITED:
         gone = sorted({f["rank"] for f in report.get("failures") or [] if f["kind"] in ("peer_error", "timeout")}
                       & set(c.get("victims") or []))
-        what = (f"{me} exited while its peers still ran {_position(c)}; {who(gone, 40)} then failed on the "
-                "lost connection" if gone else f"{me} exited while its peers still wait for it in {_position(c)}")
+        slots["at"] = _position(c)
         if gone:
+            what = headline_words(EXITED, "deserted", **slots, failed=who(gone, 40))
             return f"{verdict.upper()}: {what}" + (f" (and {plural(len(causes) - 1, 'more root cause')})" if len(causes) > 1 else "")
-    elif c["kind"] == CRASHED:
+    elif kind == CRASHED:
         exc = _exception_text(c)
-        what = f"{me} crashed" + (f" ({exc})" if exc else "")
-    elif c["kind"] == COMM_STUCK:
-        what = (f"every member of group {_group_name(c)} entered {_op_at(c)} and it never completed: suspect the "
-                f"link or device of {who(c['ranks'])}")
-    elif c["kind"] == KIND_DEADLOCK:
+        slots["exception"] = f" ({exc})" if exc else ""
+    elif kind == COMM_STUCK:
+        slots.update(group_name=_group_name(c), op_at=_op_at(c), who=who(c["ranks"]))
+    elif kind == KIND_DEADLOCK:
         cycle = set(c["ranks"])
         inside = [f"rank {w['rank']} in {_position(_placed(w, report))}" for w in report["waits"] if w["rank"] in cycle]
-        what = f"{who(cycle)} wait for each other: " + ", ".join(inside)
+        what = headline_words(KIND_DEADLOCK, who=who(cycle), inside=", ".join(inside))
         waiters = sorted({w["rank"] for w in report["waits"] if set(w["waits_for"]) & cycle} - cycle)
         more_causes = [x for x in causes[1:] if not (x["kind"] == KIND_DEADLOCK and set(x["ranks"]) == cycle)]
-        tail = f"; {who(waiters, 40)} {'waits' if len(waiters) == 1 else 'wait'} behind them" if waiters else ""
+        tail = (f"; {who(waiters, 40)} {'waits' if len(waiters) == 1 else 'wait'} {cause_words(KIND_DEADLOCK).waiters}"
+                if waiters else "")
         return f"{verdict.upper()}: {what}{tail}" + (
             f" (and {plural(len(more_causes), 'more root cause')})" if more_causes else "")
-    elif c["kind"] == MISMATCH and len(c.get("ranks") or [c["rank"]]) > 1:
-        what = f"{who(c['ranks'])} disagree at {_position(c)}, and the dumps cannot tell which one diverged"
-    else:
-        what = _mismatch_words(c, report)
-    if c["kind"] == CRASHED:
-        tail = f"; {plural(held, 'rank')} failed, were stopped or wait after it" if held else ""
+    elif kind == MISMATCH and len(c.get("ranks") or [c["rank"]]) > 1:
+        variant = "undecided"
+        slots.update(who=who(c["ranks"]), at=_position(c))
+    else:  # a mismatch with a culprit (and a kind this view does not know)
+        kind = MISMATCH
+        variant, found = _mismatch_slots(c, report)
+        slots.update(found)
+    what = headline_words(kind, variant, **slots)
+    if kind == CRASHED:
+        tail = f"; {plural(held, 'rank')} {cause_words(CRASHED).victims}" if held else ""
     elif waiters:
-        tail = f"; {who(waiters, 40)} {'waits' if len(waiters) == 1 else 'wait'} for it"
+        tail = f"; {who(waiters, 40)} {'waits' if len(waiters) == 1 else 'wait'} {cause_words(kind).waiters}"
         tail += f" ({held} ranks held up in all)" if held > len(waiters) else ""
     else:
         tail = f"; {plural(held, 'rank')} held up" if held else ""
@@ -279,20 +275,19 @@ def _group_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(g["group"]): g for g in report.get("groups", [])}
 
 
-def _mismatch_words(c: dict[str, Any], report: dict[str, Any]) -> str:
-    """`rank 1 called all_gather where its peers called all_reduce, at #4 of group 0` (from the mismatch
-    item at the cause's position)."""
+def _mismatch_slots(c: dict[str, Any], report: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """The headline's variant and slots for a mismatch with a culprit, from the mismatch item at the cause's
+    position: `rank 1 called all_gather where its peers called all_reduce, at #4 of group 0`."""
     m = next((m for m in report["mismatches"] if m["group"] == c.get("group") and m["seq"] == c.get("seq")
               and c["rank"] in m["ranks"]), None)
     where = f"#{c.get('seq')} of group {_group_name(c)}"
     if m is None:
-        return f"rank {c['rank']} entered an op its peers did not, at {where}"
+        return "", {"where": where}
     mine = next((v for v, rs in m["values"].items() if c["rank"] in rs), "?")
-    theirs = [v for v in m["values"] if v != mine]
+    theirs = " / ".join(v for v in m["values"] if v != mine) or "?"
     if m["field"] == "op":
-        return f"rank {c['rank']} called {mine} where its peers called {' / '.join(theirs) or '?'}, at {where}"
-    return (f"rank {c['rank']}'s {m['op']} at {where} has {m['field']} {mine} where its peers have "
-            f"{' / '.join(theirs) or '?'}")
+        return "op", {"where": where, "mine": mine, "theirs": theirs}
+    return "field", {"where": where, "mine": mine, "theirs": theirs, "op": m["op"], "field": m["field"]}
 
 
 def _evidence_line(report: dict[str, Any]) -> str:
@@ -326,7 +321,7 @@ def cause_lines(c: dict[str, Any], report: dict[str, Any], i: int, n: int, verbo
     """One root cause as labelled lines."""
     title = "root cause" + (f" {i + 1} of {n}" if n > 1 else "")
     out = [f"{title}: rank {c['rank']}{'' if len(c.get('ranks') or []) <= 1 else ' (with ' + who([r for r in c['ranks'] if r != c['rank']]) + ')'}"
-           f" — {KIND_WORDS.get(c['kind'], c['kind'])} [{c['kind']}]"]
+           f" — {cause_words(c['kind']).meaning} [{c['kind']}]"]
 
     def label(name: str, text: str | None) -> None:
         if text:
@@ -393,7 +388,7 @@ def _thread_lines(c: dict[str, Any], verbose: bool) -> list[str]:
 
 def _cause_phrase(c: dict[str, Any]) -> str:
     at = f" at {_position(c)}" if c.get("op") is not None else ""
-    return f"{KIND_WORDS.get(c['kind'], c['kind'])}{at} [{c['kind']}]" + (f" on host {c['host']}" if c.get("host") else "")
+    return f"{cause_words(c['kind']).meaning}{at} [{c['kind']}]" + (f" on host {c['host']}" if c.get("host") else "")
 
 
 def _now_at(c: dict[str, Any]) -> str | None:

@@ -7,7 +7,7 @@ sometimes can: from the op it skipped on, its ops pair with its peers' next ones
 between two of their calls lands inside the collective, and its arrival against theirs moves.
 
 Its arrival against theirs, per collective of the group, comes from the per-member lateness the
-straggler analysis computes (timing/stragglers.py `collective_lateness`: the longest wait minus the
+straggler analysis computes (timing/lateness.py `collective_lateness`: the longest wait minus the
 member's own, each on its own clock, so no clock skew enters): `lag` = the peers' median lateness minus
 its own (positive: it arrived after most of them). The shift is the first collective whose lag departs
 from the median lag of every collective before it by more than `MIN_SHIFT_MS` and five times their

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 import click
 
@@ -124,6 +126,63 @@ def _ranges(ranks: list[int]) -> str:
         else:
             spans.append([r, r])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+@main.command("watch")
+@click.argument("address")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Print one screen and exit.")
+@click.option("--window", "window_s", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds a straggler's cost is measured over.")
+@click.option("--share", type=click.FloatRange(min=0, max=1, min_open=True), default=0.05, show_default=True,
+              help="Share of the window that makes a rank a straggler.")
+def watch(address: str, interval_s: float, once: bool, window_s: float, share: float) -> None:
+    """See a running job live from its store at ADDRESS (MASTER_ADDR:MASTER_PORT), or from a dump folder: each
+    group's progress, who the others wait for, the slowest ranks by cost, ranks that stopped answering. Read-only."""
+    from . import live_view
+
+    if os.path.isdir(address):
+        _watch_folder(address, interval_s, once)
+        return
+    try:
+        store = live_view.connect(address)
+    except Exception as exc:  # noqa: BLE001 - any connect failure is the user's address or network
+        raise click.ClickException(f"cannot reach the job's store at {address}: {exc}") from exc
+    while True:
+        try:
+            attempt, records = live_view.read_records(store)
+        except Exception as exc:  # noqa: BLE001 - the job ended, or its store went away
+            raise click.ClickException(f"the job's store at {address} stopped answering: {exc}") from exc
+        text = live_view.screen(records, window_s, share, title=f"flightrec watch {address} attempt {attempt}: ")
+        if once:
+            click.echo(text)
+            return
+        click.clear()
+        click.echo(text)
+        time.sleep(interval_s)
+
+
+def _watch_folder(folder: str, interval_s: float, once: bool) -> None:
+    """The analyzer's first screen of a dump folder's newest dumps, re-read every refresh (read-only)."""
+    from . import components
+
+    try:
+        analyzers = components.analyzer()
+        render = components.analyzer("reporting.render")
+    except (components.MissingDependency, ImportError) as exc:
+        raise click.ClickException(f"`flightrec watch FOLDER` reads dumps with the analyzer: {exc}") from exc
+    while True:
+        try:
+            text = render.text_report(analyzers.load(folder).report())
+        except analyzers.UnusableInput as exc:
+            text = f"{folder}: no dumps to read yet ({exc})"
+        if once:
+            click.echo(text)
+            return
+        click.clear()
+        click.echo(f"flightrec watch {folder}, {time.strftime('%H:%M:%S')} (dumps: FLIGHTREC_SNAPSHOT_S, hangs)\n{text}")
+        time.sleep(interval_s)
 
 
 @main.command("build-ext")

@@ -110,6 +110,36 @@ class StoreTrigger:
             log.warn_once("store-append", f"could not tell the other ranks where this rank is ({exc})")
             return False
 
+    def publish(self, key: str, text: str) -> bool:
+        """Set `key` to `text` (this rank's own key: no other writer)."""
+        store = self._connect()
+        if store is None:
+            return False
+        try:
+            store.set(key, text)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once("store-publish", f"could not publish this rank's pace ({exc}); no live straggler alerts")
+            return False
+
+    def read_many(self, keys: list[str]) -> dict[str, str]:
+        """The values of those of `keys` that are set; those that are not, or that the store cannot say, left out."""
+        store = self._connect()
+        if store is None:
+            return {}
+        out: dict[str, str] = {}
+        try:
+            present = [k for k in keys if store.check([k])]
+            if hasattr(store, "multi_get") and present:
+                values = store.multi_get(present)
+            else:
+                values = [store.get(k) for k in present]
+            for key, value in zip(present, values, strict=True):
+                out[key] = bytes(value).decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001 - no news this round
+            pass
+        return out
+
     def read(self, key: str) -> str | None:
         """`key`'s value, "" when it is not set; None when the store cannot say (never waits for the key)."""
         store = self._connect()

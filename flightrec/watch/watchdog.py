@@ -27,6 +27,7 @@ from . import recovery
 from .dump_requests import LONGEST_STORE_CALL_S, FileTrigger, StoreTrigger
 from .dump_writer import joined
 from .gil_watch import GilWatch, limit_for
+from .live import Live
 from .on_hang import (
     HANG_REQUEST,
     UNCONFIRMED_REQUEST,
@@ -69,6 +70,7 @@ class Watchdog:
         self.store = StoreTrigger()
         self.files = FileTrigger(settings.dir)
         self.hang = HangAction(settings)  # FLIGHTREC_ON_HANG: told of every hang dump
+        self.live = Live(settings, self.store)  # pace published; on rank 0, straggler alerts (watch/live.py)
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -223,6 +225,10 @@ class Watchdog:
         if self.settings.snapshot_s > 0 and now >= self._next_snapshot:
             self._next_snapshot = now + self.settings.snapshot_s  # written here: the training thread never waits
             self._dump("snapshot", f"every {self.settings.snapshot_s:g} s (FLIGHTREC_SNAPSHOT_S)")
+        if self.live.due(now) and not self._stop.is_set() and joined():
+            rank, world_size = process_rank()
+            if rank >= 0:
+                self.live.run(rec.ring.snapshot(), rank, world_size, restart_attempt(), now)
         if self._stop.is_set() or now < self._next_store_poll:
             return  # no new store call once stopping: it could outlast the join
         self._next_store_poll = now + _STORE_POLL_EVERY_S

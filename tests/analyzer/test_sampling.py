@@ -11,7 +11,8 @@ import pytest
 
 import analyzers
 from analyzers.reading import sample
-from analyzers.timing.stragglers import _blocking_ops, collective_lateness
+from analyzers.timing.blocking_ops import _blocking_ops
+from analyzers.timing.lateness import collective_lateness
 from fixtures import synth
 
 RANKS = 64

@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import analyzers
-from analyzers.timing.stragglers import find_slow, p2p_links, rank_scores
+from analyzers.timing.straggler_links import p2p_links
+from analyzers.timing.straggler_scoring import rank_scores
+from analyzers.timing.stragglers import find_slow
 from fixtures.run import GOLDEN
 
 
@@ -241,7 +243,7 @@ def test_scattered_reductions_equal_pandas_transforms(data) -> None:  # noqa: AN
     import numpy as np
     import pandas as pd
 
-    from analyzers.timing.stragglers import _per_id
+    from analyzers.timing.arrays import _per_id
 
     n = data.draw(st.integers(1, 50))
     ids = np.asarray(data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)), dtype=np.int64)
@@ -260,8 +262,9 @@ def test_compute_gaps_equal_the_per_rank_group_by(data) -> None:  # noqa: ANN001
     whether the rows are taken in one slice or in slices of a few ranks."""
     import numpy as np
 
-    from analyzers.timing import stragglers
-    from analyzers.timing.stragglers import MIN_COMPUTE_NS, _blocking_ops
+    from analyzers.reading.sample import MIN_COMPUTE_NS
+    from analyzers.timing import blocking_ops
+    from analyzers.timing.blocking_ops import _blocking_ops
 
     n = data.draw(st.integers(1, 40))
     ranks = sorted(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
@@ -272,12 +275,12 @@ def test_compute_gaps_equal_the_per_rank_group_by(data) -> None:  # noqa: ANN001
         "op": pd.Categorical(["all_reduce"] * n), "peer": -1, "state": pd.Categorical(["completed"] * n),
         "is_async": False, "t_enqueue_ns": pd.array(enq, dtype="Int64"), "t_complete_ns": pd.array(enq + dur, dtype="Int64"),
     })
-    whole = stragglers.SLICE_ROWS
-    stragglers.SLICE_ROWS = data.draw(st.sampled_from([whole, 1, 5]))
+    whole = blocking_ops.SLICE_ROWS
+    blocking_ops.SLICE_ROWS = data.draw(st.sampled_from([whole, 1, 5]))
     try:
         ops = _blocking_ops(entries)
     finally:
-        stragglers.SLICE_ROWS = whole
+        blocking_ops.SLICE_ROWS = whole
     busy = ops.groupby("rank", sort=False)["t_complete_ns"].cummax().to_numpy().astype("float64")
     before = np.concatenate([[np.nan], busy[:-1]])
     before[np.flatnonzero(np.diff(ops["rank"].to_numpy())) + 1] = np.nan
@@ -292,7 +295,7 @@ def test_median_with_implied_zeros_equals_the_group_by_median(data) -> None:  # 
     """rank_scores takes each channel's median from its voting rows only, the others being zeros."""
     import numpy as np
 
-    from analyzers.timing.stragglers import _median_with_zeros
+    from analyzers.timing.straggler_scoring import _median_with_zeros
 
     keys = data.draw(st.integers(1, 6))
     n = np.asarray(data.draw(st.lists(st.integers(1, 9), min_size=keys, max_size=keys)))
@@ -346,7 +349,7 @@ def test_channels_number_like_a_full_group_by() -> None:
     """_channels hashes only the transfers' rows; it must number every row exactly as a group-by
     over (group, direction, peer) of all rows does, in order of first appearance."""
     from analyzers.keys import first_rows, group_ids
-    from analyzers.timing.stragglers import _channels
+    from analyzers.timing.lateness import _channels
 
     rng = np.random.default_rng(7)
     for n in (0, 1, 50, 2000):
@@ -365,7 +368,7 @@ def test_channels_number_like_a_full_group_by() -> None:
 def test_packed_order_is_lexsorts(data):
     """_order_by packs whole-nanosecond values with their key into one argsort: the same order as
     lexsort, and lexsort itself for fractions, infinities or values too large to pack."""
-    from analyzers.timing.stragglers import _order_by
+    from analyzers.timing.straggler_scoring import _order_by
 
     n = data.draw(st.integers(0, 40))
     key = np.array(data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), dtype=np.int64)
@@ -377,12 +380,12 @@ def test_packed_order_is_lexsorts(data):
 def test_slices_of_ranks_give_the_whole_pass(monkeypatch) -> None:  # noqa: ANN001
     """`_blocking_ops` reads the entries a slice of whole ranks at a time: the timing result is the one
     reading them at once gives, however the ranks are cut."""
-    from analyzers.timing import stragglers
+    from analyzers.timing import blocking_ops
 
     a = analyzers.load(GOLDEN / "straggler_20")
     whole = a.slow
-    monkeypatch.setattr(stragglers, "SLICE_ROWS", 7)
-    assert len(stragglers._rank_slices(a.entries["rank"].to_numpy())) == a.entries["rank"].nunique() > 1
+    monkeypatch.setattr(blocking_ops, "SLICE_ROWS", 7)
+    assert len(blocking_ops._rank_slices(a.entries["rank"].to_numpy())) == a.entries["rank"].nunique() > 1
     sliced = analyzers.load(GOLDEN / "straggler_20").slow
     pd.testing.assert_frame_equal(whole.lateness, sliced.lateness)
     assert whole.stragglers == sliced.stragglers and whole.stragglers

@@ -17,7 +17,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,6 +31,7 @@ from analyzers.reporting import trace_events
 from analyzers.reporting.trace_events import LANE_STRIDE, trace_dict, write_trace
 from fixtures.builders import Job
 from fixtures.run import SCENARIOS, run_scenario
+from tests.child import command, env_with_root
 from tests.helpers import entries, load_dump
 
 from .conftest import GOLDEN, ROOT
@@ -194,15 +194,12 @@ def test_polled_times_are_never_durations(tmp_path: Path, torch_recorder: str) -
     """A real DDP run: the Reducer's all-reduces are issued from C++. Without PyTorch's recorder their
     times are only when the watchdog's polling saw them (`t_seen_ns`): not drawn, counted. With it,
     they carry its measured start (gloo: no end) and are drawn at it."""
-    code = ("import torch, torch.distributed as dist\n"
-            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
-            "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))\n"
-            "for _ in range(4):\n    model(torch.randn(4, 8)).sum().backward()\n"
-            "dist.all_reduce(torch.ones(3))\ndist.destroy_process_group()\n")
-    env = {"PYTHONPATH": str(ROOT), "FLIGHTREC": "1", "FLIGHTREC_DIR": str(tmp_path / "dumps"), "RANK": "0",
-           "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "FLIGHTREC_DUMP_ON_EXIT": "1",
-           **({"TORCH_FR_BUFFER_SIZE": "0"} if torch_recorder == "off" else {})}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    env = env_with_root({"FLIGHTREC": "1", "FLIGHTREC_DIR": str(tmp_path / "dumps"), "RANK": "0", "WORLD_SIZE": "1",
+                         "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "FLIGHTREC_DUMP_ON_EXIT": "1",
+                         **({"TORCH_FR_BUFFER_SIZE": "0"} if torch_recorder == "off" else {})})
+    # four DDP steps, then one all_reduce from Python (tests/recorder/one_rank_jobs.py)
+    run = subprocess.run(command("tests.recorder.one_rank_jobs", "ddp_steps", 4, 1), capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env=env)
     assert run.returncode == 0, run.stderr
     a, trace = _write(tmp_path / "dumps", tmp_path / "trace.json")
     _check_structure(trace, a)

@@ -8,43 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 from flightrec.record.device_timing import DeviceTiming
 from flightrec.record.entry import Entry
+from tests.child import command, env_with_root, facts
+from tests.recorder.device_jobs import FakeDevice, FakeEvent
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class FakeDevice:
-    def __init__(self) -> None:
-        self.now_ms = 0.0  # how far the device has executed
-        self.queue_ms = 0.0  # device time at which the next recorded event will happen
-        self.created = 0
-
-    def event(self, device: str) -> FakeEvent:
-        self.created += 1
-        return FakeEvent(self)
-
-
-class FakeEvent:
-    def __init__(self, dev: FakeDevice) -> None:
-        self.dev = dev
-        self.at_ms: float | None = None
-
-    def record(self) -> None:
-        self.at_ms = self.dev.queue_ms
-
-    def query(self) -> bool:
-        return self.at_ms is not None and self.dev.now_ms >= self.at_ms
-
-    def synchronize(self) -> None:
-        self.dev.now_ms = max(self.dev.now_ms, self.at_ms or 0.0)
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        assert self.at_ms is not None and end.at_ms is not None
-        return end.at_ms - self.at_ms
+JOBS = "tests.recorder.device_jobs"
 
 
 def _device_entry(record_id: int) -> Entry:
@@ -173,150 +143,12 @@ def test_no_device_events_means_host_times_only() -> None:
 
 
 def test_the_wrapper_brackets_device_ops_only() -> None:
-    code = f"""
-import sys
-sys.path.insert(0, {str(ROOT)!r})
-sys.path.insert(0, {str(ROOT / 'tests' / 'recorder')!r})
-import torch, torch.distributed as dist, flightrec, flightrec.arming as control
-from flightrec.record.device_timing import DeviceTiming
-from flightrec.record.ops import SPEC_BY_API
-from flightrec.record.wrapping import _leaf_wrapper
-from test_device_timing import FakeDevice
-flightrec.enable(dir="/tmp/unused-flightrec")
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-rec = control.current().recorder
-dev = FakeDevice()
-rec.device_timing = DeviceTiming(factory=dev.event)
-
-class FakeCudaTensor:
-    shape, dtype, is_cpu = (4,), torch.float32, False
-    class device:
-        type = "cuda"
-
-calls = []
-def fake_all_reduce(tensor, op=None, group=None, async_op=False):
-    calls.append(async_op)
-    return None
-
-spec = SPEC_BY_API["all_reduce"].bind_positions(dist.all_reduce.__flightrec_wrapped__)
-wrapped = _leaf_wrapper(rec, spec, fake_all_reduce)
-wrapped(FakeCudaTensor())
-dist.all_reduce(torch.ones(2))
-dev.now_ms = 1.0
-rec.device_timing.resolve()
-device_entry, cpu_entry = rec.entries()
-print(calls, device_entry.device, device_entry.t_dev_end_ns is not None, cpu_entry.t_dev_start_ns)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
+    out = subprocess.run(command(JOBS, "wrapper_brackets"), capture_output=True, text=True, timeout=60,
+                         env=env_with_root({k: v for k, v in os.environ.items() if k != "FLIGHTREC"}))
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = facts(out.stdout)
     # the blocking device call was issued async (so its Work can be followed) and bracketed by events
-    assert out.stdout.split() == ["[True]", "cuda", "True", "None"], out.stderr[-2000:]
-
-
-STREAMS = f"""
-import sys
-sys.path.insert(0, {str(ROOT)!r})
-import torch, torch.distributed as dist, flightrec, flightrec.arming as control
-from flightrec.record.device_timing import DeviceTiming
-from flightrec.record.ops import SPEC_BY_API
-from flightrec.record.wrapping import _leaf_wrapper, _wait_wrapper
-flightrec.enable(dir="/tmp/unused-flightrec")
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-rec = control.current().recorder
-
-
-class Streams:
-    # Stand-in device: the current stream and the backend's stream, in ms of device time. An event
-    # recorded on the current stream happens when that stream gets there; a Work's wait makes the
-    # current stream wait for the collective's end, as NCCL's does; nothing blocks the host.
-
-    def __init__(self):
-        self.current = 0.0  # where the current stream's queued work ends
-        self.executed = 0.0  # how far the device has run
-        self.made = 0
-        self.capturing = False
-
-    def event(self, device):
-        self.made += 1
-        return Event(self)
-
-
-class Event:
-    def __init__(self, streams):
-        self.streams, self.at = streams, None
-
-    def record(self):
-        self.at = self.streams.current
-
-    def query(self):
-        return self.at is not None and self.streams.executed >= self.at
-
-    def synchronize(self):
-        self.streams.executed = max(self.streams.executed, self.at or 0.0)
-
-    def elapsed_time(self, end):
-        return end.at - self.at
-
-
-class Work:
-    # The collective runs on its own stream from where the current stream was, for `ms`.
-
-    def __init__(self, streams, ms):
-        self.streams, self.end = streams, streams.current + ms
-        self.done = False
-
-    def wait(self, timeout=None):
-        self.streams.current = max(self.streams.current, self.end)  # a stream wait, not a host wait
-        return True
-
-    def is_completed(self):
-        return self.done
-
-    def get_future(self):
-        raise RuntimeError("no future: polled")
-
-
-class Tensor:
-    shape, dtype, is_cpu = (4,), torch.float32, False
-    class device:
-        type = "cuda"
-
-
-streams = Streams()
-rec.device_timing = DeviceTiming(factory=streams.event, clock=lambda: 10**9, capturing=lambda device: streams.capturing)
-works = []
-def all_reduce(tensor, op=None, group=None, async_op=False):
-    works.append(Work(streams, 50.0))
-    return works[-1]
-
-spec = SPEC_BY_API["all_reduce"].bind_positions(dist.all_reduce.__flightrec_wrapped__)
-call = _leaf_wrapper(rec, spec, all_reduce)
-wait = _wait_wrapper(rec, lambda work, timeout=None: work.wait(timeout))
-
-first = call(Tensor(), async_op=True)  # places the anchor at device time 0
-streams.current += 5.0  # the training thread queues 5 ms of its own work, then the collective
-work = call(Tensor(), async_op=True)
-returned_at = streams.current  # the call returned: the collective has not run yet
-streams.current += 20.0  # more compute is queued meanwhile
-wait(work)  # the current stream now waits for the collective (ends at 5 + 50 = 55 ms)
-pending_after_wait = work is not None and [e for e in rec.entries() if e.device == "cuda"][1].state
-wait(first)
-blocking = call(Tensor())  # a blocking call: issued async, waited at once
-streams.executed = 1000.0
-for w in works:
-    w.done = True
-rec.poll_works()
-rec.device_timing.resolve()
-a, b, c = [e for e in rec.entries() if e.device == "cuda"]
-ms = lambda t: None if t is None else (t - 10**9) / 1e6
-print(ms(b.t_dev_start_ns), ms(b.t_dev_end_ns), returned_at, pending_after_wait, b.state,
-      ms(c.t_dev_start_ns), ms(c.t_dev_end_ns))
-streams.capturing = True
-made = streams.made
-captured = call(Tensor(), async_op=True)
-wait(captured)
-print(rec.device_timing.captured, streams.made - made, rec.entries()[-1].state, len(rec.pending))
-"""
+    assert (got["calls"], got["device"], got["device_end"], got["cpu_dev_start"]) == ([True], "cuda", True, None), got
 
 
 def test_end_events_mark_the_collective_end_not_the_call_return() -> None:
@@ -324,10 +156,12 @@ def test_end_events_mark_the_collective_end_not_the_call_return() -> None:
     current stream waits for it (Work.wait), 55 ms here, not at the return (5 ms); waiting does not
     complete a device op (its Work does); a blocking call is timed exactly; inside a graph capture no
     event is recorded."""
-    out = subprocess.run([sys.executable, "-c", STREAMS], capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
-    lines = out.stdout.split("\n")
-    assert lines[0].split() == ["5.0", "55.0", "5.0", "started", "completed", "55.0", "105.0"], out.stderr[-3000:]
+    out = subprocess.run(command(JOBS, "stream_ends"), capture_output=True, text=True, timeout=60,
+                         env=env_with_root({k: v for k, v in os.environ.items() if k != "FLIGHTREC"}))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = facts(out.stdout)
+    assert got["timed"] == {"start": 5.0, "end": 55.0, "returned_at": 5.0, "state_after_wait": "started",
+                            "state": "completed", "blocking_start": 55.0, "blocking_end": 105.0}, out.stderr[-3000:]
     # counted as captured, no event made, recorded or queried; done at once (it runs at each replay), so
     # the watchdog never waits on it
-    assert lines[1].split() == ["1", "0", "completed", "0"]
+    assert (got["captured"], got["events_made"], got["captured_state"], got["pending"]) == (1, 0, "completed", 0), got

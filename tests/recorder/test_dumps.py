@@ -15,10 +15,12 @@ import pytest
 
 from fixtures.launch import kill_tree, launch
 from flightrec.format.names import dump_filename
+from tests.child import command, env_with_root, facts
 from tests.helpers import entries, load_dump, run_ranks, wait_for
 from tests.recorder import workers
 
 ROOT = Path(__file__).resolve().parents[2]
+JOBS = "tests.recorder.one_rank_jobs"
 TRAIN = ROOT / "fixtures" / "jobs" / "train.py"
 
 
@@ -129,35 +131,10 @@ def test_sigterm_dumps_then_dies_of_sigterm(tmp_path: Path) -> None:
                     env={"FLIGHTREC_TIMEOUT": "300"}, wait_for_ranks=None, timeout_s=4)
     assert result.timed_out and result.dumps == []  # no timeout, no dump: the job just hangs
     # now the same hang, but the launcher terminates the workers as torchrun does when one fails
-    script = f"""
-import subprocess, sys, time, os, signal
-sys.path.insert(0, {str(ROOT)!r})
-from fixtures.launch import descendants, kill_tree, free_port
-env = dict(os.environ, FLIGHTREC="1", FLIGHTREC_DIR={str(tmp_path / 'term')!r}, FLIGHTREC_TIMEOUT="300")
-p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-    "--master_addr", "127.0.0.1", "--master_port", str(free_port()), {str(TRAIN)!r},
-    "--fault", "compute_hang", "--fault-rank", "0", "--fault-step", "1"], env=env, start_new_session=True)
-time.sleep(8)
-workers = [pid for pid in descendants(p.pid) if b"train.py" in open(f"/proc/{{pid}}/cmdline", "rb").read()]
-workers = [w for w in workers if not any(w in descendants(o) for o in workers)]
-for w in workers:
-    os.kill(w, signal.SIGTERM)
-codes = []
-for w in workers:
-    for _ in range(100):
-        try:
-            os.kill(w, 0)
-            if open(f"/proc/{{w}}/stat").read().split()[2] == "Z":
-                break
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-kill_tree(p.pid)
-print(len(workers))
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    out = subprocess.run(command(JOBS, "sigterm_torchrun_workers", tmp_path / "term", TRAIN), capture_output=True,
+                         text=True, timeout=90, env=env_with_root())
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "2"
+    assert facts(out.stdout)["workers"] == 2
     folder = tmp_path / "term"
     for rank in range(2):
         dump = load_dump(folder, rank)
@@ -190,15 +167,8 @@ def test_dump_is_atomic_and_replaces_older(tmp_path: Path) -> None:
 
 
 def test_sigterm_to_an_idle_process_keeps_default_exit(tmp_path: Path) -> None:
-    code = f"""
-import sys, time
-sys.path.insert(0, {str(ROOT)!r})
-import flightrec
-flightrec.enable(dir={str(tmp_path)!r})
-print("ready", flush=True)
-time.sleep(60)
-"""
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command(JOBS, "idle_armed", tmp_path), stdout=subprocess.PIPE, text=True,
+                            env=env_with_root())
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGTERM)
@@ -211,25 +181,8 @@ def test_sigterm_inside_a_dump_of_the_same_thread_does_not_deadlock(tmp_path: Pa
     """An op fails in the main thread, which dumps there; the launcher's SIGTERM lands while that
     dump is being written. The handler (main thread, between two bytecodes) must not wait for the
     dump lock its own thread holds: the dump finishes, then the process dumps again and dies."""
-    code = f"""
-import os, signal, sys
-sys.path.insert(0, {str(ROOT)!r})
-import flightrec, torch, torch.distributed as dist
-flightrec.enable(dir={str(tmp_path)!r})
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-dist.all_reduce(torch.ones(2))
-fired = []
-rename = os.replace
-def term_during_write(src, dst):  # the dump is written and synced, not yet renamed
-    if not fired and src.endswith(".tmp"):
-        fired.append(src)
-        os.kill(os.getpid(), signal.SIGTERM)  # handled by Python before the next bytecode, inside write_dump
-    rename(src, dst)
-os.replace = term_during_write
-flightrec.dump("first")
-print("survived the signal", flush=True)
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(command(JOBS, "sigterm_inside_dump", tmp_path), capture_output=True, text=True, timeout=60,
+                          env=env_with_root())
     assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
     assert "survived" not in proc.stdout
     assert load_dump(tmp_path, 0)["reason"] == "signal"  # the first dump completed, then the signal's
@@ -237,16 +190,8 @@ print("survived the signal", flush=True)
 
 
 def test_abort_dumps_then_dies_of_sigabrt(tmp_path: Path) -> None:
-    code = f"""
-import os, sys
-sys.path.insert(0, {str(ROOT)!r})
-import flightrec, torch, torch.distributed as dist
-flightrec.enable(dir={str(tmp_path)!r})
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-dist.all_reduce(torch.ones(2))
-os.abort()
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(command(JOBS, "abort_after_op", tmp_path), capture_output=True, text=True, timeout=60,
+                          env=env_with_root())
     assert proc.returncode == -signal.SIGABRT, proc.stderr[-2000:]
     dump = load_dump(tmp_path, 0)
     assert dump["reason"] == "abort" and [e["op"] for e in entries(dump)] == ["all_reduce"]

@@ -5,54 +5,26 @@ times (polled ones are kept apart as `t_seen_ns`)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.child import command, env_with_root
 from tests.helpers import entries, load_dump
 
 ROOT = Path(__file__).resolve().parents[2]
-
-ONE_RANK = """
-import threading, torch, torch.distributed as dist
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-for _ in range(3):
-    dist.all_reduce(torch.ones(2))
-"""
-
-MAIN_THREAD_ERROR = ONE_RANK + """
-def load_batch():
-    raise ValueError("bad sample 17")
-load_batch()
-"""
-
-OTHER_THREAD_ERROR = ONE_RANK + """
-import time
-def prefetch():
-    raise KeyError("shard-9")
-t = threading.Thread(target=prefetch, name="prefetcher"); t.start(); t.join()
-"""
-
-DDP_STEPS = """
-import os, torch, torch.distributed as dist
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-for _ in range(5):
-    model(torch.randn(4, 8)).sum().backward()
-dist.destroy_process_group()
-"""
+JOBS = "tests.recorder.one_rank_jobs"
 
 
-def _run(code: str, folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {"PYTHONPATH": str(ROOT), "FLIGHTREC": "1", "FLIGHTREC_DIR": str(folder), "RANK": "0",
-                "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=full_env)
+def _run(job: str, folder: Path, *args: object, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `job` of tests/recorder/one_rank_jobs.py armed by FLIGHTREC=1, as a user's job is."""
+    full_env = env_with_root({"FLIGHTREC": "1", "FLIGHTREC_DIR": str(folder), "RANK": "0", "WORLD_SIZE": "1",
+                              "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", **env})
+    return subprocess.run(command(JOBS, job, *args), capture_output=True, text=True, timeout=120, cwd=ROOT, env=full_env)
 
 
 def test_an_uncaught_exception_dumps_before_the_process_dies(tmp_path: Path) -> None:
-    out = _run(MAIN_THREAD_ERROR, tmp_path)
+    out = _run("main_thread_error", tmp_path)
     assert out.returncode == 1 and "ValueError: bad sample 17" in out.stderr  # the job's own hook still ran
     dump = load_dump(tmp_path, 0)
     assert dump["reason"] == "exception" and "ValueError: bad sample 17" in dump["reason_detail"]
@@ -62,21 +34,21 @@ def test_an_uncaught_exception_dumps_before_the_process_dies(tmp_path: Path) -> 
 
 
 def test_an_uncaught_exception_in_another_thread_dumps(tmp_path: Path) -> None:
-    out = _run(OTHER_THREAD_ERROR, tmp_path, FLIGHTREC_DUMP_ON_EXIT="0")
+    out = _run("other_thread_error", tmp_path, FLIGHTREC_DUMP_ON_EXIT="0")
     assert out.returncode == 0 and "KeyError" in out.stderr
     dump = load_dump(tmp_path, 0)
     assert dump["reason"] == "exception" and dump["exception"]["thread"] == "prefetcher"
 
 
 def test_a_clean_exit_leaves_an_exit_record(tmp_path: Path) -> None:
-    out = _run(ONE_RANK, tmp_path)
+    out = _run("three_ops", tmp_path)
     assert out.returncode == 0, out.stderr
     dump = load_dump(tmp_path, 0)
     assert dump["reason"] == "exit" and dump["exit_record"] is True and dump["threads"] == []
     assert [e["op"] for e in entries(dump)] == ["all_reduce"] * 3
     assert {"group": "0", "kind": "coll", "live": True, "entered": 3, "started": 3, "completed": 3} in dump["progress"]
     full = tmp_path / "full"
-    assert _run(ONE_RANK, full, FLIGHTREC_DUMP_ON_EXIT="1").returncode == 0
+    assert _run("three_ops", full, FLIGHTREC_DUMP_ON_EXIT="1").returncode == 0
     assert load_dump(full, 0)["exit_record"] is False and load_dump(full, 0)["threads"]
 
 
@@ -85,7 +57,7 @@ def test_cpp_issued_ops_carry_only_measured_times(tmp_path: Path, torch_recorder
     """DDP's all-reduces never pass through Python. Without PyTorch's recorder their times are when the
     watchdog noticed them: kept in t_seen_ns, never in t_enqueue_ns/t_complete_ns."""
     env = {"FLIGHTREC_DUMP_ON_EXIT": "1", **({"TORCH_FR_BUFFER_SIZE": "0"} if torch_recorder == "off" else {})}
-    out = _run(DDP_STEPS, tmp_path, **env)
+    out = _run("ddp_steps", tmp_path, 5, **env)
     assert out.returncode == 0, out.stderr
     cpp = [e for e in entries(load_dump(tmp_path, 0)) if e["source"] == "c++"]
     assert len(cpp) >= 5
@@ -103,8 +75,7 @@ def test_cpp_issued_ops_carry_only_measured_times(tmp_path: Path, torch_recorder
 def test_the_launchers_sigterm_after_a_failure_keeps_the_failure_dump(tmp_path: Path) -> None:
     """torchrun stops every worker once one exited with an error, often while a failing rank is still
     on its way out: the SIGTERM dump must not replace the dump that says what failed."""
-    code = OTHER_THREAD_ERROR + "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\n"
-    out = _run(code, tmp_path)
+    out = _run("other_thread_error_then_sigterm", tmp_path)
     assert out.returncode == -15, out.stderr
     dump = load_dump(tmp_path, 0)
     assert dump["reason"] == "exception" and dump["exception"]["type"] == "KeyError"

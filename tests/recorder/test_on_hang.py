@@ -11,7 +11,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from flightrec import log
 from flightrec.format.names import dump_filename
 from flightrec.settings import DEFAULT_ABORT_GRACE_S, Settings, SettingsError, load_settings
 from flightrec.watch.on_hang import ABORT_EXIT_CODE, HangAction, find_suspects, parse_answers, write_error_file
+from tests.child import command, env_with_root
 from tests.helpers import entries, load_dump, read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,28 +153,10 @@ def test_wait_is_the_default_and_keeps_a_hung_job_up(tmp_path: Path, monkeypatch
     assert "FLIGHTREC_ON_HANG=wait" in line
 
 
-FINAL = """
-import os, sys, time
-import flightrec
-import torch.distributed as dist
-from flightrec import arming
-
-assert flightrec.enable(dir=sys.argv[1], on_hang="abort", abort_grace_s=60)
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-first = flightrec.dump("before")
-hang = arming.current().watchdog.hang
-hang.hung("all_reduce group=0 seq=7 incomplete after 9.0s", written=True)
-print(first is not None, flightrec.dump("after") is None, flush=True)  # the hang dump is final
-print("still buffered", end="")  # flushed before the exit
-hang.abort_at = time.monotonic()  # the grace period is over: the watchdog ends the process
-time.sleep(30)
-print("not reached", flush=True)
-"""
-
-
 def test_after_a_hang_dump_with_abort_no_dump_replaces_it_and_the_watchdog_exits(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-c", FINAL, str(tmp_path)], capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC")})
+    run = subprocess.run(command("tests.recorder.one_rank_jobs", "final_hang_dump", tmp_path), capture_output=True,
+                         text=True, timeout=60,
+                         env=env_with_root({k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC")}))
     assert run.returncode == ABORT_EXIT_CODE, (run.returncode, run.stderr[-3000:])
     assert run.stdout == "True True\nstill buffered", run.stdout
     assert run.stderr.strip().splitlines()[-1] == (

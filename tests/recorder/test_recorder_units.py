@@ -21,10 +21,12 @@ from flightrec.record import entry as entry_module
 from flightrec.record import fastpath, native, torch_compat
 from flightrec.record.ring import Ring
 from flightrec.settings import Settings, SettingsError, load_settings
+from tests.child import command, env_with_root, facts
 from tests.helpers import entries, load_dump, run_ranks
 from tests.recorder import workers
 
 ROOT = Path(__file__).resolve().parents[2]
+JOBS = "tests.recorder.one_rank_jobs"
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -60,26 +62,24 @@ def test_an_unreadable_timeout_names_the_accepted_forms() -> None:
 
 
 def test_invalid_value_turns_the_recorder_off_not_the_job() -> None:
-    code = "import torch.distributed as d, flightrec.arming as c; print('armed' if c.current() else 'off')"
-    env = dict(os.environ, FLIGHTREC="1", FLIGHTREC_TIMEOUT="soon")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
-    assert out.returncode == 0 and out.stdout.strip() == "off"
+    env = env_with_root(FLIGHTREC="1", FLIGHTREC_TIMEOUT="soon")
+    out = subprocess.run(command(JOBS, "armed_or_off"), capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert out.returncode == 0 and facts(out.stdout) == {"armed": False}, out.stderr[-2000:]
     lines = [line for line in out.stderr.splitlines() if "flightrec" in line]
     assert len(lines) == 1 and "FLIGHTREC_TIMEOUT='soon'" in lines[0] and "30s, 5m" in lines[0]
 
 
 def test_startup_hook_arms_only_when_asked() -> None:
-    code = ("import sys; print('torch' in sys.modules); import torch.distributed as d; "
-            "print(hasattr(d.all_reduce, '__flightrec_wrapped__')); "
-            "d.init_process_group('gloo', store=d.HashStore(), rank=0, world_size=1); "
-            "print(hasattr(d.all_reduce, '__flightrec_wrapped__'))")
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
-    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                        env=dict(os.environ, FLIGHTREC="1"))
-    assert off.stdout.split() == ["False", "False", "False"], off.stderr
+    job = command(JOBS, "startup_hook")
+    off = subprocess.run(job, capture_output=True, text=True, timeout=60,
+                         env=env_with_root({k: v for k, v in os.environ.items() if k != "FLIGHTREC"}))
+    on = subprocess.run(job, capture_output=True, text=True, timeout=60, env=env_with_root(FLIGHTREC="1"))
+    assert off.returncode == 0 and on.returncode == 0, off.stderr[-2000:] + on.stderr[-2000:]
+    assert facts(off.stdout) == {"torch_at_start": False, "wrapped_once_imported": False,
+                                 "wrapped_once_joined": False}, off.stderr
     # the hook itself imports no torch, and arms only once the process joins a group
-    assert on.stdout.split() == ["False", "False", "True"], on.stderr
+    assert facts(on.stdout) == {"torch_at_start": False, "wrapped_once_imported": False,
+                                "wrapped_once_joined": True}, on.stderr
 
 
 def test_ring_wraps_in_constant_memory() -> None:
@@ -151,116 +151,42 @@ def test_a_counter_step_that_changes_is_learned_again(tmp_path: Path, fastpath_o
     """A backend whose counter starts moving by 2 per all_reduce: once a recheck has seen it, the
     recorder predicts the new step. The C path's copy of the trusted step must not outlive the
     change, or every call would be followed by a phantom C++ op until the job ends."""
-    code = f"""
-import sys
-sys.path.insert(0, {str(ROOT)!r})
-import torch, torch.distributed as dist
-import flightrec
-from flightrec.arming import current
-from flightrec.record.recorder import RECHECK_EVERY
-flightrec.enable(dir={str(tmp_path)!r})
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-recorder = current().recorder
-group = recorder.groups.get(dist.group.WORLD)
-real = group.pg._get_sequence_number_for_group
-doubled_from = []
-def counter():
-    n = real()
-    return n if not doubled_from else doubled_from[0] + 2 * (n - doubled_from[0])
-group.read_seq = counter
-t = torch.ones(2)
-for _ in range(2 * RECHECK_EVERY):
-    dist.all_reduce(t)
-doubled_from.append(real())
-for _ in range(3 * RECHECK_EVERY):
-    dist.all_reduce(t)
-tail = recorder.ring.snapshot()[-RECHECK_EVERY:]
-print(hasattr(dist.all_reduce, "enabled"), sorted({{e.op for e in tail}}),
-      sorted({{b.pg_seq - a.pg_seq for a, b in zip(tail, tail[1:])}}))
-"""
-    env = dict(os.environ, FLIGHTREC_FASTPATH=fastpath_on)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
-    words = out.stdout.split(maxsplit=1)
-    assert words, out.stderr[-2000:]
+    env = env_with_root(FLIGHTREC_FASTPATH=fastpath_on)
+    out = subprocess.run(command(JOBS, "counter_step_change", tmp_path), capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = facts(out.stdout)
     if fastpath_on == "1" and fastpath._fastpath is not None and fastpath._fastpath.SUPPORTED:
-        assert words[0] == "True", "the C path was not in use"
-    assert words[1].strip() == "['all_reduce'] [2]", (out.stdout, out.stderr[-2000:])
+        assert got["c_path"], "the C path was not in use"
+    assert (got["ops"], got["steps"]) == (["all_reduce"], [2]), (got, out.stderr[-2000:])
 
 
 def test_disable_restores_everything() -> None:
-    code = f"""
-import sys, signal
-sys.path.insert(0, {str(ROOT)!r})
-import torch.distributed as dist, torch.distributed.distributed_c10d as c10d
-names = [n for n in dir(c10d) if callable(getattr(c10d, n))]
-before = {{(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in names if hasattr(m, n)}}
-handler, wakeup = signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
-work_wait = c10d.Work.wait
-import flightrec
-assert flightrec.enable(dir="/tmp/unused")
-assert dist.all_reduce is not before[("torch.distributed", "all_reduce")]
-assert signal.getsignal(signal.SIGTERM) is not handler
-flightrec.disable()
-after = {{(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in names if hasattr(m, n)}}
-changed = [k for k in before if before[k] is not after[k]]
-assert not changed, changed
-assert c10d.Work.wait is work_wait
-assert signal.getsignal(signal.SIGTERM) is handler
-assert signal.set_wakeup_fd(-1) == -1
-import threading
-assert not [t for t in threading.enumerate() if t.name == "flightrec-watchdog"]
-print("ok")
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "ok", out.stderr
+    out = subprocess.run(command(JOBS, "disable_restores"), capture_output=True, text=True, timeout=60,
+                         env=env_with_root())
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = facts(out.stdout)
+    assert got["enabled"] and got["wrapped"] and got["handler_replaced"], got  # armed, it did replace them
+    assert got["changed"] == [], got["changed"]
+    assert got["work_wait_restored"] and got["handler_restored"] and got["wakeup_fd"] == -1, got
+    assert got["watchdogs"] == [], got
 
 
 def test_forked_child_neither_records_nor_watches(tmp_path: Path) -> None:
-    code = f"""
-import os, sys, threading
-sys.path.insert(0, {str(ROOT)!r})
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-import torch, torch.distributed as dist
-import flightrec, flightrec.arming as control
-flightrec.enable(dir={str(tmp_path)!r})
-store = dist.HashStore()
-dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-dist.all_reduce(torch.ones(2))
-armed = control.current()
-before = armed.recorder.ring.recorded
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    threads = [t.name for t in threading.enumerate()]
-    ok = control.current() is None and not armed.recorder.active and "flightrec-watchdog" not in threads
-    ok = ok and not armed.exceptions.active  # a worker's crash must not dump as the rank
-    os.write(w, b"1" if ok else b"0")
-    os._exit(0)
-os.waitpid(pid, 0)
-child_ok = os.read(r, 1) == b"1"
-dist.all_reduce(torch.ones(2))
-print(child_ok, armed.recorder.ring.recorded - before, armed.recorder.active)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["True", "1", "True"], out.stderr[-2000:]
+    out = subprocess.run(command(JOBS, "forked_child", tmp_path), capture_output=True, text=True, timeout=60,
+                         env=env_with_root())
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = facts(out.stdout)
+    assert got["child"] == {"disarmed": True, "recorder_off": True, "no_watchdog": True, "exception_hook_off": True}
+    assert (got["recorded"], got["active"]) == (1, True), got
 
 
 def test_sigterm_handler_chains_to_a_user_handler(tmp_path: Path) -> None:
-    code = f"""
-import os, sys, signal, time
-sys.path.insert(0, {str(ROOT)!r})
-hits = []
-signal.signal(signal.SIGTERM, lambda s, f: hits.append(s))
-import flightrec
-flightrec.enable(dir={str(tmp_path)!r})
-import torch.distributed as dist
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-os.kill(os.getpid(), signal.SIGTERM)
-time.sleep(0.5)
-print(hits == [signal.SIGTERM], os.path.exists({str(tmp_path / "rank-00000.json.gz")!r}))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["True", "True"], out.stderr[-2000:]
+    out = subprocess.run(command(JOBS, "sigterm_chains", tmp_path), capture_output=True, text=True, timeout=60,
+                         env=env_with_root())
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = facts(out.stdout)
+    assert got["hits"] == [got["sigterm"]] and got["dumped"], (got, out.stderr[-2000:])
     assert signal.SIGTERM  # the parent is untouched
 
 
@@ -440,27 +366,14 @@ def test_default_group_is_described_where_the_start_up_hook_arms() -> None:
     """The start-up hook arms inside `_update_default_pg`; torch 2.1 records the default group's members
     only after it returns. The group must be describable right there, so the recorder counts DDP's C++
     ops from the first (else a DDP stall could leave no dump at all)."""
-    code = (
-        "import os, torch.distributed as dist, torch.distributed.distributed_c10d as c10d\n"
-        "from flightrec.record.groups import describe_group\n"
-        "seen = []\n"
-        "original = c10d._update_default_pg\n"
-        "def hook(pg):\n"
-        "    original(pg)\n"
-        "    if pg is not None:\n"
-        "        seen.append(describe_group(pg).table_row())\n"
-        "c10d._update_default_pg = hook\n"
-        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:%d', rank=0, world_size=1)\n"
-        "print(seen[0]['name'], seen[0]['ranks'], seen[0]['rank_in_group'])\n"
-        "dist.destroy_process_group()\n"
-    )
     from fixtures.launch import free_port
 
-    env = {k: v for k, v in os.environ.items() if k != "FLIGHTREC"}
-    out = subprocess.run([sys.executable, "-c", code % free_port()], capture_output=True, text=True, env=env,
-                         timeout=60, cwd=ROOT)
+    env = env_with_root({k: v for k, v in os.environ.items() if k != "FLIGHTREC"})
+    out = subprocess.run(command(JOBS, "default_group_described", free_port()), capture_output=True, text=True,
+                         env=env, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["0", "[0]", "0"]
+    (row, *_) = facts(out.stdout)["described"]
+    assert (row["name"], row["ranks"], row["rank_in_group"]) == ("0", [0], 0), row
 
 
 def test_every_api_reader_reads_what_its_spec_says() -> None:

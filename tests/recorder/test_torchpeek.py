@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from click.testing import CliRunner
 
 from flightrec.cli.commands import main
 from flightrec.record import cpp_reader
+from tests.child import command, env_with_root, facts
 from tests.helpers import run_ranks
 from tests.recorder import workers
 
@@ -152,13 +152,10 @@ def test_build_falls_back_to_the_next_writable_folder(tmp_path: Path, monkeypatc
 def test_a_job_armed_by_the_startup_hook_reads_through_the_torch_reader(built: object, tmp_path: Path) -> None:
     """`FLIGHTREC=1` arms the recorder half-way through `import torch` (before torch.nn exists): the
     reader must still be loaded, and the C hot path use it, once torch is whole."""
-    code = ("import torch, torch.distributed as dist, flightrec; "
-            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1); "
-            "dist.all_reduce(torch.ones(2)); print(flightrec.dump(reason='check'))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC")}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=dict(env, FLIGHTREC="1", FLIGHTREC_DIR=str(tmp_path)), cwd=tmp_path)
+    run = subprocess.run(command("tests.recorder.one_rank_jobs", "dump_one_op"), capture_output=True, text=True,
+                         timeout=120, env=env_with_root(env, FLIGHTREC="1", FLIGHTREC_DIR=str(tmp_path)), cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "torch reader" not in run.stderr, run.stderr
-    dump = json.loads(gzip.decompress(Path(run.stdout.split()[-1]).read_bytes()))
+    dump = json.loads(gzip.decompress(Path(facts(run.stdout)["path"]).read_bytes()))
     assert dump["hot_path"] == {"c": True, "torch_reader": True}

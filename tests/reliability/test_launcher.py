@@ -19,10 +19,12 @@ import pytest
 
 from fixtures.launch import descendants, free_port, stop_job
 from flightrec.format.names import dump_filename
+from tests.child import command, facts
 from tests.helpers import read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("launcher_job.py")
+JOBS = "tests.reliability.one_rank_jobs"
 NPROC = 2
 
 
@@ -119,52 +121,22 @@ def test_sigterm_to_torchrun_without_flightrec_stops_every_worker(tmp_path: Path
     assert outcome.reasons == {rank: None for rank in range(NPROC)}
 
 
-NOT_ARMED_UNTIL_JOINED = """
-import signal, threading
-import torch.distributed as dist
-import flightrec.arming as control
-
-def state():
-    watchdog = any(t.name == "flightrec-watchdog" for t in threading.enumerate())
-    return [control.current() is not None, watchdog, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL]
-
-print(state())
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-print(state(), dist.is_initialized())
-"""
-
-
 def test_a_process_is_armed_only_when_it_joins_its_default_group(tmp_path: Path) -> None:
     """torchrun's agent imports torch.distributed and never joins: nothing of ours may run there."""
-    run = subprocess.run([sys.executable, "-c", NOT_ARMED_UNTIL_JOINED], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, env=_env(tmp_path, flightrec=True))
+    run = subprocess.run(command(JOBS, "armed_once_joined"), capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env=_env(tmp_path, flightrec=True))
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.splitlines() == ["[False, False, True]", "[True, True, False] True"], run.stderr[-3000:]
-
-
-CHAINED = """
-import os, signal, sys, time
-import flightrec
-import torch.distributed as dist
-import gzip, json
-
-assert flightrec.enable(dir=sys.argv[1])
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-hits = []
-signal.signal(signal.SIGTERM, lambda signum, frame: hits.append(signum))  # installed after ours, exits not
-os.kill(os.getpid(), signal.SIGTERM)
-path = os.path.join(sys.argv[1], "rank-00000.json.gz")
-deadline = time.monotonic() + 20
-while not (hits and os.path.exists(path)) and time.monotonic() < deadline:
-    time.sleep(0.05)
-time.sleep(1)  # the watchdog read the signal from the wakeup pipe and dumped: it must not kill us after
-print(hits == [signal.SIGTERM], json.load(gzip.open(path, "rt"))["reason"] if os.path.exists(path) else None)
-"""
+    got = facts(run.stdout)
+    assert got["imported"] == {"armed": False, "watchdog": False, "default_sigterm": True}, run.stderr[-3000:]
+    assert got["joined"] == {"armed": True, "watchdog": True, "default_sigterm": False}, run.stderr[-3000:]
+    assert got["initialized"]
 
 
 def test_sigterm_goes_to_a_handler_installed_after_ours_and_does_not_kill(tmp_path: Path) -> None:
     """Whoever replaced our handler (torchrun's agent, user code) decides what SIGTERM does; we only dump."""
-    run = subprocess.run([sys.executable, "-c", CHAINED, str(tmp_path)], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path, env=_env(tmp_path, flightrec=False))
+    run = subprocess.run(command(JOBS, "chained_sigterm", tmp_path), capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, env=_env(tmp_path, flightrec=False))
     assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
-    assert run.stdout.split() == ["True", "signal"], run.stderr[-3000:]
+    got = facts(run.stdout)
+    assert got["enabled"] and got["hits"] == [got["sigterm"]], run.stderr[-3000:]
+    assert got["reason"] == "signal", run.stderr[-3000:]

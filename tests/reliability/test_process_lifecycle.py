@@ -3,32 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.child import command, env_with_root, facts
 from tests.helpers import entries, load_dump
 
 ROOT = Path(__file__).resolve().parents[2]
-
-DATALOADER_JOB = """
-import os, sys
-import torch, torch.distributed as dist
-from torch.utils.data import DataLoader
-from tests.reliability.workers import WhoAmI
-import flightrec
-
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-for _ in range(3):
-    dist.all_reduce(torch.ones(2))
-assert flightrec.dump("before-loading")
-rows = []
-for method in ("fork", "spawn"):
-    for batch in DataLoader(WhoAmI(), batch_size=1, num_workers=2, multiprocessing_context=method):
-        rows.append([method, *batch[0].tolist()])
-dist.all_reduce(torch.ones(2))
-print(rows)
-print(os.getpid())
-"""
+JOBS = "tests.reliability.one_rank_jobs"
 
 
 def test_dataloader_workers_neither_record_nor_replace_the_ranks_dump(tmp_path: Path) -> None:
@@ -38,13 +19,14 @@ def test_dataloader_workers_neither_record_nor_replace_the_ranks_dump(tmp_path: 
     environment and inherit RANK, but never join a group: at their exit they must not replace the
     rank's dump with an empty one (they did: a hang's dump was lost to the next DataLoader epoch).
     """
-    env = {"PYTHONPATH": str(ROOT), "FLIGHTREC": "1", "FLIGHTREC_DIR": str(tmp_path), "FLIGHTREC_DUMP_ON_EXIT": "1",
-           "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    probe = subprocess.run([sys.executable, "-c", DATALOADER_JOB + "import time; time.sleep(0)\n"],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    env = env_with_root({"FLIGHTREC": "1", "FLIGHTREC_DIR": str(tmp_path), "FLIGHTREC_DUMP_ON_EXIT": "1",
+                         "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    probe = subprocess.run(command(JOBS, "dataloader_workers"), capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env=env)
     assert probe.returncode == 0, probe.stderr[-3000:]
-    lines = probe.stdout.strip().splitlines()
-    rows, parent = eval(lines[-2]), int(lines[-1])  # noqa: S307 - our own output
+    got = facts(probe.stdout)
+    assert got["dumped_before"], probe.stderr[-3000:]
+    rows, parent = got["rows"], got["pid"]
     forked = [r for r in rows if r[0] == "fork"]
     spawned = [r for r in rows if r[0] == "spawn"]
     assert len(forked) == len(spawned) == 4
@@ -56,39 +38,18 @@ def test_dataloader_workers_neither_record_nor_replace_the_ranks_dump(tmp_path: 
     assert "Traceback" not in probe.stderr
 
 
-DESTROY_AND_EXIT = """
-import sys, threading
-import torch, torch.distributed as dist
-import flightrec
-from flightrec import arming
-assert flightrec.enable(dir=sys.argv[1], timeout_s=0.05, poll_s=0.001, dump_on_exit=True)
-for cycle in range(25):
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    sub = dist.new_group([0])
-    for _ in range(20):
-        dist.all_reduce(torch.ones(2))
-        dist.all_reduce(torch.ones(2), group=sub)
-    work = dist.all_reduce(torch.ones(2), async_op=True)  # in flight while the groups go
-    dist.destroy_process_group(sub)
-    dist.destroy_process_group()
-    work.wait()
-watchdog = arming.current().watchdog._thread
-assert watchdog.is_alive()
-print(len(arming.current().recorder.groups.known()), len(arming.current().recorder.groups.retired), flush=True)
-"""
-
-
 def test_destroy_and_exit_while_the_watchdog_ticks(tmp_path: Path) -> None:
     """25 init/destroy cycles under a watchdog ticking every millisecond, then exit with it running."""
     for attempt in range(2):
         out = tmp_path / str(attempt)
-        proc = subprocess.run([sys.executable, "-c", DESTROY_AND_EXIT, str(out)], capture_output=True, text=True,
-                              timeout=90, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "RANK": "0",
-                                                         "PATH": "/usr/bin:/bin"})
+        proc = subprocess.run(command(JOBS, "destroy_and_exit", out), capture_output=True, text=True, timeout=90,
+                              cwd=ROOT, env=env_with_root({"OMP_NUM_THREADS": "1", "RANK": "0", "PATH": "/usr/bin:/bin"}))
         assert proc.returncode == 0, proc.stderr[-3000:]
         for bad in ("Traceback", "Exception ignored", "terminate called", "watchdog error"):
             assert bad not in proc.stderr, proc.stderr[-3000:]
-        assert proc.stdout.split() == ["0", "50"]  # destroyed groups let go, each kept as a row (at most 1,024)
+        got = facts(proc.stdout)
+        assert got["enabled"] and got["watchdog_alive"], got
+        assert (got["known"], got["retired"]) == (0, 50)  # destroyed groups let go, each kept as a row (at most 1,024)
         dump = load_dump(out, 0)
         assert dump["reason"] == "exit"
         # each of the 25 incarnations of group "0" numbers 1..21; the 24 re-created over keep labels of their own

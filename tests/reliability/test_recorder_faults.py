@@ -6,55 +6,31 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import analyzers
+from tests.child import command, env_with_root, facts
 from tests.helpers import entries, load_dump, run_ranks, wait_for
 from tests.reliability import workers
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+ENV = env_with_root(OMP_NUM_THREADS="1")
 ENV.pop("FLIGHTREC", None)
+JOBS = "tests.reliability.one_rank_jobs"
 
 
-def _python(code: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env={**ENV, **env}, cwd=ROOT)
-
-
-KILLED_MID_WRITE = """
-import os, sys, time
-import torch, torch.distributed as dist
-import flightrec
-flightrec.enable(dir=sys.argv[1], timeout_s=60)
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-for _ in range(3):
-    dist.all_reduce(torch.ones(2))
-assert flightrec.dump("first")
-for _ in range(4):
-    dist.all_reduce(torch.ones(2))
-
-rename = os.replace
-
-def stall_before_rename(src, dst):  # the window between the synced temporary file and its rename
-    if src.endswith(".tmp"):
-        with open(sys.argv[2], "w") as handle:
-            handle.write(src)
-        time.sleep(60)
-    rename(src, dst)
-
-os.replace = stall_before_rename
-flightrec.dump("second")
-"""
+def _job(name: str, *args: object, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a job of tests/reliability/one_rank_jobs.py to its end."""
+    return subprocess.run(command(JOBS, name, *args), capture_output=True, text=True, timeout=timeout, env=ENV,
+                          cwd=ROOT)
 
 
 def test_kill_9_between_write_and_rename_keeps_the_previous_dump(tmp_path: Path) -> None:
     out, marker = tmp_path / "dumps", tmp_path / "in-window"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(out), str(marker)], env=ENV, cwd=ROOT,
+    proc = subprocess.Popen(command(JOBS, "killed_mid_write", out, marker), env=ENV, cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(marker.exists, 60), proc.stderr.read() if proc.poll() is not None else "no window"
@@ -69,31 +45,17 @@ def test_kill_9_between_write_and_rename_keeps_the_previous_dump(tmp_path: Path)
     report = analyzers.load(out).report()  # the analyzer never reads the leftover
     assert report["ranks"]["dumped"] == [0] and not report["unreadable_files"]
     # the next process of that rank removes the leftover of the dead writer
-    again = _python("import sys, torch.distributed as dist, flightrec\n"
-                    "flightrec.enable(dir=sys.argv[1])\n"
-                    "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
-                    "assert flightrec.dump('third')\n".replace("sys.argv[1]", repr(str(out))))
+    again = _job("dump_once", out)
     assert again.returncode == 0, again.stderr[-2000:]
+    assert facts(again.stdout)["dumped"], again.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["rank-00000.json.gz"]
-
-
-DUMPING_IN_A_LOOP = """
-import sys, torch, torch.distributed as dist, flightrec
-flightrec.enable(dir=sys.argv[1], buffer=20000, stacks=True)
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-for _ in range(20000):
-    dist.all_reduce(torch.ones(2))
-print("ready", flush=True)
-while True:
-    flightrec.dump("loop")
-"""
 
 
 def test_kill_9_at_random_moments_of_big_dumps_never_leaves_a_broken_file(tmp_path: Path) -> None:
     """No test hook: SIGKILL lands wherever the loop of ~1 MB dumps happens to be."""
     out = tmp_path / "dumps"
-    proc = subprocess.Popen([sys.executable, "-c", DUMPING_IN_A_LOOP, str(out)], env=ENV, cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command(JOBS, "dumping_in_a_loop", out), env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         assert wait_for(lambda: (out / "rank-00000.json.gz").exists(), 30)
@@ -201,24 +163,6 @@ def test_a_thousand_live_groups_number_each_group_on_its_own(tmp_path: Path) -> 
     assert sigs[0] == sigs[1]
     print(f"\n{many} process groups created in {stats[0]['created_s']:.1f}s (gloo, lazy init)")
 
-NO_SPACE = """
-import os, sys
-import torch, torch.distributed as dist
-import flightrec
-folder, filler = sys.argv[1], sys.argv[2]
-assert flightrec.enable(dir=folder, timeout_s=60)
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-results = []
-for attempt in range(3):
-    for _ in range(5):
-        dist.all_reduce(torch.ones(2))
-    results.append(flightrec.dump(f"full-{attempt}"))
-os.unlink(filler)  # space freed
-dist.all_reduce(torch.ones(2))
-results.append(flightrec.dump("freed"))
-print(results)
-"""
-
 
 def test_a_really_full_disk(tmp_path: Path) -> None:
     """ENOSPC from a 256 KiB tmpfs, where the machine lets root mount one (skipped elsewhere)."""
@@ -235,10 +179,11 @@ def test_a_really_full_disk(tmp_path: Path) -> None:
                     handle.write(b"\0" * 4096)
             except OSError:
                 pass
-        proc = _python(NO_SPACE.replace("sys.argv[1], sys.argv[2]", f"{str(folder)!r}, {str(filler)!r}"))
+        proc = _job("no_space", folder, filler)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        results = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own output
-        assert results[:3] == [None, None, None] and results[3], results
+        got = facts(proc.stdout)
+        results = got["results"]
+        assert got["enabled"] and results[:3] == [None, None, None] and results[3], results
         assert proc.stderr.count("could not write a dump") == 1, proc.stderr[-2000:]
         assert "No space left" in proc.stderr
         dump = load_dump(folder, 0)
