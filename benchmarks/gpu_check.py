@@ -59,7 +59,7 @@ torch.cuda.synchronize()
 from flightrec.record import fastpath, wrapping, cpp_reader
 python_calls = [0]
 def count(frame, event, arg):
-    if event == "call" and frame.f_code is wrapping._call_on_device.__code__:
+    if event == "call" and frame.f_code is wrapping.call_on_device.__code__:
         python_calls[0] += 1
 sys.setprofile(count)
 for _ in range(20):

@@ -43,7 +43,7 @@ def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[floa
 
     from flightrec.arming import current
     from flightrec.record.ops import SPEC_BY_API
-    from flightrec.record.wrapping import _leaf_wrapper
+    from flightrec.record.wrapping import leaf_wrapper
 
     group = current().recorder.groups.get(dist.group.WORLD)
 
@@ -91,7 +91,7 @@ def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[floa
     # Its own API name: the no-op never moves the backend counter, and the recorder learns each
     # API's counter step (0 here, 1 for the real all_reduce).
     spec = dataclasses.replace(SPEC_BY_API["all_reduce"], api="all_reduce_no_op")
-    bookkeeping = _leaf_wrapper(current().recorder, spec.bind_positions(original), no_op)
+    bookkeeping = leaf_wrapper(current().recorder, spec.bind_positions(original), no_op)
 
     has_c = hasattr(wrapped, "enabled")  # the C hot path (flightrec/record/_fastpath.c) is in use
 
@@ -106,22 +106,19 @@ def measure(block: int, blocks: int, paced: bool = False) -> dict[str, list[floa
         return run
 
     from flightrec.record import cpp_reader, fastpath
-    from flightrec.record.entry import Entry
-    from flightrec.record.groups import GroupState
-    from flightrec.record.recorder import ThreadState
 
     has_peek = has_c and cpp_reader.fastpath_capsule() is not None  # flightrec build-ext was run for this torch
 
     def without_peek(loop, fn):  # noqa: ANN001, ANN202
         """The C hot path reading tensors and the counter through torch's Python bindings instead."""
         def run(f):  # noqa: ANN001, ANN202
-            fastpath._fastpath.configure(Entry, GroupState, ThreadState, None)
+            fastpath.use_torch_reader(False)
             fast_reader, group.read_seq = group.read_seq, group.pg._get_sequence_number_for_group
             try:
                 return loop(f)
             finally:
                 group.read_seq = fast_reader
-                fastpath._fastpath.configure(Entry, GroupState, ThreadState, cpp_reader.fastpath_capsule())
+                fastpath.use_torch_reader(True)
         return run
 
     for _ in range(5):  # warm up

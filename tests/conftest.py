@@ -1,8 +1,8 @@
 """Test set-up shared by every folder, and the markers that pick the fast loop (CONTRIBUTING.md).
 
 `job`: the test runs real multi-process jobs (torchrun, torch.multiprocessing): every module of the
-folders in JOB_FOLDERS, except the in-process ones in NOT_JOBS. `slow`: long runs among the rest
-(SLOW). The default `pytest` leaves both out (pyproject.toml); `-m ""` runs everything, as CI does.
+folders in JOB_FOLDERS, except the in-process ones in NOT_JOBS; `serial`: a job whose checks read
+timing (SERIAL), which CI runs alone. `slow`: long runs among the rest (SLOW). The default `pytest` leaves both out (pyproject.toml); `-m ""` runs everything, as CI does.
 """
 
 import os
@@ -23,6 +23,12 @@ NOT_JOBS = {"recorder/test_recovery_units.py", "recorder/test_thread_stacks.py",
             "recorder/test_cli_startup.py", "recorder/test_pace.py", "reliability/test_analyzer_fuzz.py", "reliability/test_analyzer_inputs.py"}
 JOBS = {"analyzer/test_jobs.py::test_real_two_jobs_in_one_folder", "analyzer/test_alignment.py::test_real_tutorial_job_blames_rank_0"}
 JOB_FIXTURES = {"batch_ring"}  # module fixtures that run a real job (tests/analyzer/test_trace_export.py)
+# Jobs whose checks read timing (stragglers, clock offsets, timing shifts, recovered stalls, live alerts,
+# a benchmark's figures): `serial`, run one at a time with the cores to themselves; the other jobs run
+# two at a time in CI (.ci/test). Scenarios whose expectations read timing are marked where they are
+# parametrized (tests/scenarios/test_fault_injection.py, fixtures/run.py `timed`).
+SERIAL = {"scenarios/test_live.py", "scenarios/test_snapshots.py", "reliability/test_soak.py",
+          "recorder/test_overhead_benchmark.py"}
 # the longest tests without a job, 15-140 s each on 2 cores: a wheel build, thousands of simulated jobs, fuzzing
 SLOW = {"test_packaging.py::test_wheel_installs_beside_a_package_named_fixtures",
         "analyzer/test_sim.py::test_reports_name_exactly_the_true_culprits",
@@ -38,6 +44,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if ((path.split("/")[0] in JOB_FOLDERS and path not in NOT_JOBS) or test in JOBS
                 or JOB_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.job)
+        if path in SERIAL:
+            item.add_marker(pytest.mark.serial)
         if test in SLOW:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None and not _cuda():

@@ -53,6 +53,13 @@ def uses_torch_reader() -> bool:
     return available() and _with_reader
 
 
+def use_torch_reader(on: bool) -> None:
+    """Have the C hot path read tensors and counters through the built torch reader (`on`) or through
+    torch's Python bindings: benchmarks/overhead.py measures what the reader saves."""
+    if available():
+        _configure(cpp_reader.fastpath_capsule() if on else None)
+
+
 def _configure(capsule: Any) -> None:
     global _with_reader
     try:
@@ -106,7 +113,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
 
 def device_op_tail(rec: Recorder, spec: OpSpec, entry: Entry, group: GroupState, result: Any, captured: bool,
                    blocking: bool) -> Any:
-    """A device op after its call: the Python wrapper's way (`patching._call_on_device`), and the C hot
+    """A device op after its call: the Python wrapper's way (`patching.call_on_device`), and the C hot
     path's where it is not the common case (captured into a graph, or no Work returned)."""
     try:  # a captured op ran nothing now (it runs at each replay): done, never awaited by the watchdog
         rec.finish(entry, group, None if captured else result)

@@ -26,7 +26,7 @@ _MODULES = (dist, c10d)
 WRAPPED_MARK = "__flightrec_wrapped__"
 
 
-def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+def leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
     local = rec.local
     begin = rec.compile(spec)
     finish = rec.finish
@@ -50,7 +50,7 @@ def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> 
             return original(*args, **kwargs)
         entry = ctx[0]
         if entry.device != "cpu" or type(ctx[1]) is StreamGroupState:  # done when its Work is, not on return
-            return _call_on_device(rec, spec, original, ctx, tls, args, kwargs)
+            return call_on_device(rec, spec, original, ctx, tls, args, kwargs)
         tls.in_leaf = True
         try:
             result = original(*args, **kwargs)
@@ -69,7 +69,7 @@ def _leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> 
     return fastpath.leaf(rec, spec, original, wrapper, _record_failure)
 
 
-def _call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], ctx: tuple[Any, Any],
+def call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], ctx: tuple[Any, Any],
                     tls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A device op (NCCL, HCCL): timed with device events. A blocking call on a device backend
     returns before the device ran it: it is issued async and waited for here, so the Work (and its
@@ -220,7 +220,7 @@ def _creator_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..
     return wrapper
 
 
-def _wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+def wait_wrapper(rec: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
     """Work.wait: the moment a CPU op is known complete, on the thread that waited for it; for a
     device op, the moment the current stream waits for it (its end event goes there)."""
     entry_of = rec.entry_of
@@ -269,7 +269,7 @@ class Patcher:
             if spec.kind == "composite":
                 wrappers[spec.api] = _composite_wrapper(self.rec, spec, original)
             else:
-                wrappers[spec.api] = _leaf_wrapper(self.rec, spec.bind_positions(original), original)
+                wrappers[spec.api] = leaf_wrapper(self.rec, spec.bind_positions(original), original)
         for name in _GROUP_CREATORS:
             original = getattr(c10d, name, None)
             if original is not None and not hasattr(original, WRAPPED_MARK):
@@ -280,7 +280,7 @@ class Patcher:
         work_type = getattr(c10d, "Work", None)
         if work_type is not None and not hasattr(work_type.wait, WRAPPED_MARK):
             self.originals.append((work_type, "wait", work_type.wait))
-            work_type.wait = _wait_wrapper(self.rec, work_type.wait)
+            work_type.wait = wait_wrapper(self.rec, work_type.wait)
         wrapper_of: dict[int, Callable[..., Any]] = {}
         for module in _MODULES:
             for name, wrapper in wrappers.items():

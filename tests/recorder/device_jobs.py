@@ -202,7 +202,7 @@ def device_ops(out: str) -> None:
     python_device_calls = [0]
 
     def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is patching._call_on_device.__code__:
+        if event == "call" and frame.f_code is patching.call_on_device.__code__:
             python_device_calls[0] += 1
 
     sys.setprofile(count)
@@ -354,7 +354,7 @@ def wrapper_brackets() -> None:
     import flightrec.arming as control
     from flightrec.record.device_timing import DeviceTiming
     from flightrec.record.ops import SPEC_BY_API
-    from flightrec.record.wrapping import _leaf_wrapper
+    from flightrec.record.wrapping import leaf_wrapper
 
     flightrec.enable(dir="/tmp/unused-flightrec")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -367,7 +367,7 @@ def wrapper_brackets() -> None:
         calls.append(async_op)
 
     spec = SPEC_BY_API["all_reduce"].bind_positions(dist.all_reduce.__flightrec_wrapped__)
-    wrapped = _leaf_wrapper(rec, spec, fake_all_reduce)
+    wrapped = leaf_wrapper(rec, spec, fake_all_reduce)
     wrapped(DeviceTensor())
     dist.all_reduce(torch.ones(2))
     dev.now_ms = 1.0
@@ -438,7 +438,7 @@ def stream_ends() -> None:
     import flightrec.arming as control
     from flightrec.record.device_timing import DeviceTiming
     from flightrec.record.ops import SPEC_BY_API
-    from flightrec.record.wrapping import _leaf_wrapper, _wait_wrapper
+    from flightrec.record.wrapping import leaf_wrapper, wait_wrapper
 
     flightrec.enable(dir="/tmp/unused-flightrec")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -453,8 +453,8 @@ def stream_ends() -> None:
         return works[-1]
 
     spec = SPEC_BY_API["all_reduce"].bind_positions(dist.all_reduce.__flightrec_wrapped__)
-    call = _leaf_wrapper(rec, spec, all_reduce)
-    wait = _wait_wrapper(rec, lambda work, timeout=None: work.wait(timeout))
+    call = leaf_wrapper(rec, spec, all_reduce)
+    wait = wait_wrapper(rec, lambda work, timeout=None: work.wait(timeout))
 
     first = call(DeviceTensor(), async_op=True)  # places the anchor at device time 0
     streams.current += 5.0  # the training thread queues 5 ms of its own work, then the collective

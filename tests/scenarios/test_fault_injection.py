@@ -24,14 +24,17 @@ from fixtures.run import (
     dumped_ranks,
     job_problems,
     run_scenario,
+    timed,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every scenario on gloo, and on the emulated device backends a set of those whose answers match there
 # already (fixtures/run.py DEVICE_IN_CI; docs/device-emulation.md lists the others and what they answer).
 DEVICE_RUNS = DEVICE_MATCHED if os.environ.get("FLIGHTREC_DEVICE_SCENARIOS") == "all" else DEVICE_IN_CI
-RUNS = [pytest.param(name, "gloo", id=name) for name in SCENARIOS] + [
-    pytest.param(name, backend, id=f"{name}-{backend}") for backend, names in DEVICE_RUNS.items() for name in names]
+SERIAL = [pytest.mark.serial]  # its checks read timing: CI runs it alone (tests/conftest.py)
+RUNS = [pytest.param(name, "gloo", id=name, marks=SERIAL if timed(SCENARIOS[name]) else ()) for name in SCENARIOS] + [
+    pytest.param(name, backend, id=f"{name}-{backend}", marks=SERIAL if timed(SCENARIOS[name]) else ())
+    for backend, names in DEVICE_RUNS.items() for name in names]
 
 
 @pytest.mark.parametrize(("name", "backend"), RUNS)
