@@ -6,7 +6,7 @@ and the job ends one window (6 s) after that, so an alert at all is an alert wit
 (plus one publishing round). Each healthy control is the same job with no slow rank.
 
     python benchmarks/live_alerts.py --runs 50            # 50 slow jobs and 50 healthy controls
-    python benchmarks/live_alerts.py --runs 50 --healthy-only
+    python benchmarks/live_alerts.py --runs 50 --slow-runs 10
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ def run(slow_ms: float) -> tuple[list[str], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=10, help="healthy controls (and slow jobs, unless --slow-runs)")
+    parser.add_argument("--slow-runs", type=int, default=None, help="slow jobs (default: --runs)")
     parser.add_argument("--healthy-only", action="store_true")
     args = parser.parse_args()
     started = time.monotonic()
     named = wrong = 0
-    if not args.healthy_only:
-        for i in range(args.runs):
+    slow_runs = 0 if args.healthy_only else (args.runs if args.slow_runs is None else args.slow_runs)
+    if slow_runs:
+        for i in range(slow_runs):
             lines, took = run(15.0)
             ok = bool(lines) and all(re.search(r"straggler: rank 2 \(", line) for line in lines)
             named += ok
@@ -60,8 +62,8 @@ def main() -> None:
         lines, took = run(0.0)
         false_alarms += bool(lines)
         print(f"healthy {i + 1:3d}: {'FALSE ALARM ' + lines[0] if lines else 'quiet'} ({took:.0f} s)", flush=True)
-    if not args.healthy_only:
-        print(f"slow rank named within one window ({WINDOW_S} s) of its onset: {named} of {args.runs}; "
+    if slow_runs:
+        print(f"slow rank named within one window ({WINDOW_S} s) of its onset: {named} of {slow_runs}; "
               f"another rank named: {wrong} runs")
     print(f"healthy controls with an alert: {false_alarms} of {args.runs}")
     print(f"({time.monotonic() - started:.0f} s; {os.cpu_count()} CPUs)")

@@ -4,6 +4,7 @@ watchdog keeps; the end-to-end case is tests/scenarios/test_live.py."""
 from __future__ import annotations
 
 import random
+import statistics
 from types import SimpleNamespace
 
 from flightrec.watch import pace
@@ -105,3 +106,17 @@ def test_metrics_file_is_prometheus_text() -> None:
     assert 'flightrec_cost_to_others_seconds{rank="2",host="node1"} 3.000' in text
     assert 'flightrec_ops_completed_total{rank="0",host="node0"} 100' in text
     assert text.count("# TYPE") == 4 and text.endswith("\n")
+
+
+def test_the_others_median_is_each_values_peers_median() -> None:
+    rng = random.Random(3)
+    for n in (2, 3, 4, 5, 8, 9):
+        for _ in range(100):
+            values = [rng.choice([1.0, 2.0, 3.0, rng.random()]) for _ in range(n)]
+            expected = [statistics.median(values[:i] + values[i + 1:]) for i in range(n)]
+            assert pace._others_medians(values) == expected, values
+
+
+def test_a_straggler_among_a_thousand_ranks() -> None:
+    records = _job(400, {700: 30.0}, onset=100, ranks=1024, jitter_ms=5.0)
+    assert [(s.rank, s.pattern) for s in pace.score(records, window_s=60, share=0.05)] == [(700, "persistent")]
