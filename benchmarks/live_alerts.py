@@ -7,6 +7,7 @@ and the job ends one window (6 s) after that, so an alert at all is an alert wit
 
     python benchmarks/live_alerts.py --runs 50            # 50 slow jobs and 50 healthy controls
     python benchmarks/live_alerts.py --runs 50 --slow-runs 10
+    python benchmarks/live_alerts.py --runs 10 --healthy-only --busy   # 4 ranks spinning on 2 cores
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ STEP_S = 0.055  # a healthy step: 50 ms compute and the all_reduce
 ONSET = 60
 
 
-def run(slow_ms: float) -> tuple[list[str], float]:
-    """(the job's straggler lines, seconds it ran)."""
+def run(slow_ms: float, busy: bool = False) -> tuple[list[str], float]:
+    """(the job's straggler lines, seconds it ran); `busy`: compute spins the CPU, 4 ranks on fewer cores."""
     steps = ONSET + int(WINDOW_S / STEP_S)
     with tempfile.TemporaryDirectory() as out:
-        result = launch(JOB, 4, out, ["--slow-ms", str(slow_ms), "--steps", str(steps), "--onset", str(ONSET)],
+        result = launch(JOB, 4, out, ["--slow-ms", str(slow_ms), "--steps", str(steps), "--onset", str(ONSET)]
+                        + (["--busy"] if busy else []),
                         env=ENV, timeout_s=120)
         if result.timed_out or result.returncode != 0:
             raise SystemExit(f"the job failed:\n{result.output[-3000:]}")
@@ -46,6 +48,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10, help="healthy controls (and slow jobs, unless --slow-runs)")
     parser.add_argument("--slow-runs", type=int, default=None, help="slow jobs (default: --runs)")
     parser.add_argument("--healthy-only", action="store_true")
+    parser.add_argument("--busy", action="store_true", help="healthy controls spin the CPU: an oversubscribed host")
     args = parser.parse_args()
     started = time.monotonic()
     named = wrong = 0
@@ -59,13 +62,14 @@ def main() -> None:
             print(f"slow    {i + 1:3d}: {'named' if ok else 'MISSED'} ({took:.0f} s) {lines[:1]}", flush=True)
     false_alarms = 0
     for i in range(args.runs):
-        lines, took = run(0.0)
+        lines, took = run(0.0, args.busy)
         false_alarms += bool(lines)
         print(f"healthy {i + 1:3d}: {'FALSE ALARM ' + lines[0] if lines else 'quiet'} ({took:.0f} s)", flush=True)
     if slow_runs:
         print(f"slow rank named within one window ({WINDOW_S} s) of its onset: {named} of {slow_runs}; "
               f"another rank named: {wrong} runs")
-    print(f"healthy controls with an alert: {false_alarms} of {args.runs}")
+    print(f"healthy controls{' (oversubscribed: compute spins the CPU)' if args.busy else ''} with an alert: "
+          f"{false_alarms} of {args.runs}")
     print(f"({time.monotonic() - started:.0f} s; {os.cpu_count()} CPUs)")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -97,29 +98,26 @@ class StoreTrigger:
             self._store = None
             return False
 
-
     def append(self, key: str, text: str) -> bool:
         """Append `text` to `key` (one call: every rank may append to the same key at once)."""
-        store = self._connect()
-        if store is None:
-            return False
-        try:
-            store.append(key, text)
-            return True
-        except Exception as exc:  # noqa: BLE001
-            log.warn_once("store-append", f"could not tell the other ranks where this rank is ({exc})")
-            return False
+        return self._write(lambda store: store.append(key, text), "store-append",
+                           "could not tell the other ranks where this rank is")
 
     def publish(self, key: str, text: str) -> bool:
         """Set `key` to `text` (this rank's own key: no other writer)."""
+        return self._write(lambda store: store.set(key, text), "store-publish",
+                           "could not publish this rank's pace; no live straggler alerts")
+
+    def _write(self, call: Callable[[Any], object], warn_key: str, failed: str) -> bool:
+        """One write to the store; a failure is said once (`failed`) and answered False."""
         store = self._connect()
         if store is None:
             return False
         try:
-            store.set(key, text)
+            call(store)
             return True
         except Exception as exc:  # noqa: BLE001
-            log.warn_once("store-publish", f"could not publish this rank's pace ({exc}); no live straggler alerts")
+            log.warn_once(warn_key, f"{failed} ({exc})")
             return False
 
     def read_many(self, keys: list[str]) -> dict[str, str]:
