@@ -24,11 +24,10 @@ NOT_JOBS = {"recorder/test_recovery_units.py", "recorder/test_thread_stacks.py",
 JOBS = {"analyzer/test_jobs.py::test_real_two_jobs_in_one_folder", "analyzer/test_alignment.py::test_real_tutorial_job_blames_rank_0"}
 JOB_FIXTURES = {"batch_ring"}  # module fixtures that run a real job (tests/analyzer/test_trace_export.py)
 # Jobs whose checks read timing (stragglers, clock offsets, timing shifts, recovered stalls, live alerts,
-# a benchmark's figures): `serial`, run one at a time with the cores to themselves; the other jobs run
+# a soak's false alarms): `serial`, run one at a time with the cores to themselves; the other jobs run
 # two at a time in CI (.ci/test). Scenarios whose expectations read timing are marked where they are
 # parametrized (tests/scenarios/test_fault_injection.py, fixtures/run.py `timed`).
-SERIAL = {"scenarios/test_live.py", "scenarios/test_snapshots.py", "reliability/test_soak.py",
-          "recorder/test_overhead_benchmark.py"}
+SERIAL = {"scenarios/test_live.py", "scenarios/test_snapshots.py", "reliability/test_soak.py"}
 # the longest tests without a job, 15-140 s each on 2 cores: a wheel build, thousands of simulated jobs, fuzzing
 SLOW = {"test_packaging.py::test_wheel_installs_beside_a_package_named_fixtures",
         "analyzer/test_sim.py::test_reports_name_exactly_the_true_culprits",

@@ -63,7 +63,10 @@ def screen(records: Mapping[int, Mapping[str, Any]], window_s: float, share: flo
     if not records:
         return f"{title}\nno rank has published its pace yet (FLIGHTREC_STRAGGLER_WINDOW_S=0 turns it off)"
     world = max(int(r.get("world", -1)) for r in records.values())
-    lines = [f"{title}{len(records)} of {world if world > 0 else '?'} ranks answering, {time.strftime('%H:%M:%S')}"]
+    stale = sorted(r for r, rec in records.items()
+                   if now - float(rec.get("time", now)) > NOT_ANSWERING_ROUNDS * max(float(rec.get("every_s", 0)), 1.0))
+    lines = [f"{title}{len(records) - len(stale)} of {world if world > 0 else '?'} ranks answering, "
+             f"{time.strftime('%H:%M:%S')}"]
     groups = sorted({g for rec in records.values() for g in rec.get("groups", {})}, key=lambda g: (len(g), g))
     for group in groups:
         members = {r: rec["groups"][group] for r, rec in records.items() if group in rec.get("groups", {})}
@@ -78,17 +81,19 @@ def screen(records: Mapping[int, Mapping[str, Any]], window_s: float, share: flo
             inside = sorted(r for r, w in waiting.items() if int(w[0]) == seq)
             longest = max(float(w[1]) for r, w in waiting.items() if int(w[0]) == seq)
             behind = sorted(r for r in members if r not in inside and done[r] < seq)
-            lines.append(f"  ranks {_ranges(inside)} wait in seq {seq} for {longest:.1f} s"
-                         + (f"; rank(s) {_ranges(behind)} not in it (done up to seq "
-                            f"{_ranges(sorted({done[r] for r in behind}))}): they hold the group" if behind else ""))
+            who = f"rank {inside[0]} waits" if len(inside) == 1 else f"ranks {_ranges(inside)} wait"
+            held = ""
+            if behind:
+                them = f"rank {behind[0]} is" if len(behind) == 1 else f"ranks {_ranges(behind)} are"
+                held = (f"; {them} not in it (done up to seq {_ranges(sorted({done[r] for r in behind}))}): "
+                        f"{'it holds' if len(behind) == 1 else 'they hold'} the group")
+            lines.append(f"  {who} in seq {seq} for {longest:.1f} s{held}")
     found = pace.score(records, window_s, share)
     if found:
         lines.append(f"slowest by cost (last {window_s:g} s):")
-        lines += [f"  {s.line()}" for s in found[:10]]
+        lines += [f"  {s.line().removeprefix('straggler: ')}" for s in found[:10]]
     else:
         lines.append(f"no rank held a group back by {100 * share:g}% of the last {window_s:g} s")
-    stale = sorted(r for r, rec in records.items()
-                   if now - float(rec.get("time", now)) > NOT_ANSWERING_ROUNDS * max(float(rec.get("every_s", 0)), 1.0))
     missing = sorted(set(range(world)) - set(records)) if world > 0 else []
     for r in stale:
         lines.append(f"rank {r} ({records[r].get('host', '?')}) stopped answering: its last pace is "

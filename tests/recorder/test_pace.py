@@ -120,3 +120,21 @@ def test_the_others_median_is_each_values_peers_median() -> None:
 def test_a_straggler_among_a_thousand_ranks() -> None:
     records = _job(400, {700: 30.0}, onset=100, ranks=1024, jitter_ms=5.0)
     assert [(s.rank, s.pattern) for s in pace.score(records, window_s=60, share=0.05)] == [(700, "persistent")]
+
+
+def test_the_watch_screen_says_who_holds_the_group_and_who_stopped_answering() -> None:
+    from flightrec.cli import live_view
+
+    records = _job(600, {2: 30.0}, onset=300)
+    now = max(r["time"] for r in records.values())
+    for rank, rec in records.items():
+        rec.update(time=now, world=5, every_s=10.0)
+        if rank != 2:
+            rec["groups"]["0"]["in"] = [601, 30.0 + rank]
+    records[3]["time"] = now - 45
+    text = live_view.screen(records, 60, 0.05, now=now)
+    assert "3 of 5 ranks answering" in text
+    assert "ranks 0-1,3 wait in seq 601 for 33.0 s; rank 2 is not in it (done up to seq 600): it holds the group" in text
+    assert "rank 2 (node1) held group 0 back" in text and "persistent" in text
+    assert "rank 3 (node1) stopped answering: its last pace is 45 s old" in text
+    assert "rank(s) 4 never published" in text
