@@ -9,6 +9,7 @@ import time
 import click
 
 from ..watch.dump_requests import request_via_file
+from .live_view import rank_ranges
 
 _LAZY = {"analyze": "analyze_command", "show": "show_command", "export": "export_command"}
 # what `flightrec --help` lists for them, without importing pandas to ask (tests/recorder/test_cli_startup.py
@@ -113,19 +114,8 @@ def dump_now(folder: str, reason: str, wait_s: float) -> None:
         sys.exit(1)
     of = f" of {world}" if world else ""
     missing = sorted(set(range(world)) - set(ranks)) if world else []
-    click.echo(f"{len(ranks)}{of} ranks answered in {took:.1f} s" + (f"; no answer yet from {_ranges(missing)}" if missing else "")
+    click.echo(f"{len(ranks)}{of} ranks answered in {took:.1f} s" + (f"; no answer yet from {rank_ranges(missing)}" if missing else "")
                + f": flightrec analyze {folder}")
-
-
-def _ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5' (the analyzer's helper, without importing it)."""
-    spans: list[list[int]] = []
-    for r in ranks:
-        if spans and spans[-1][1] == r - 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @main.command("watch")

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..watch import pace
+from ..watch.dump_requests import read_keys
 
 MAX_ATTEMPTS = 64  # restart attempts looked for (the newest with a rank-0 record wins)
 NOT_ANSWERING_ROUNDS = 3  # a record older than this many publishing rounds: the rank stopped answering
@@ -36,23 +37,22 @@ def read_records(store: Any) -> tuple[int, dict[int, dict[str, Any]]]:
     attempt = next((a for a in reversed(range(MAX_ATTEMPTS)) if store.check([pace.pace_key(a, 0)])), None)
     if attempt is None:
         return -1, {}
-    first = pace.parse_records({0: bytes(store.get(pace.pace_key(attempt, 0))).decode()})
+    first = pace.parse_records({0: read_keys(store, [pace.pace_key(attempt, 0)]).get(pace.pace_key(attempt, 0))})
     world = int(first.get(0, {}).get("world", 1))
     keys = {r: pace.pace_key(attempt, r) for r in range(max(world, 1))}
-    present = {r: k for r, k in keys.items() if store.check([k])}
-    raw = {r: bytes(store.get(k)).decode("utf-8", "replace") for r, k in present.items()}
-    return attempt, pace.parse_records(raw)
+    raw = read_keys(store, list(keys.values()))
+    return attempt, pace.parse_records({r: raw.get(k) for r, k in keys.items()})
 
 
-def _ranges(ranks: list[int]) -> str:
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(f"{start}" if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
+def rank_ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5' (the analyzer's helper, without importing it; dump-now and watch)."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def screen(records: Mapping[int, Mapping[str, Any]], window_s: float, share: float, now: float | None = None,
@@ -81,11 +81,11 @@ def screen(records: Mapping[int, Mapping[str, Any]], window_s: float, share: flo
             inside = sorted(r for r, w in waiting.items() if int(w[0]) == seq)
             longest = max(float(w[1]) for r, w in waiting.items() if int(w[0]) == seq)
             behind = sorted(r for r in members if r not in inside and done[r] < seq)
-            who = f"rank {inside[0]} waits" if len(inside) == 1 else f"ranks {_ranges(inside)} wait"
+            who = f"rank {inside[0]} waits" if len(inside) == 1 else f"ranks {rank_ranges(inside)} wait"
             held = ""
             if behind:
-                them = f"rank {behind[0]} is" if len(behind) == 1 else f"ranks {_ranges(behind)} are"
-                held = (f"; {them} not in it (done up to seq {_ranges(sorted({done[r] for r in behind}))}): "
+                them = f"rank {behind[0]} is" if len(behind) == 1 else f"ranks {rank_ranges(behind)} are"
+                held = (f"; {them} not in it (done up to seq {rank_ranges(sorted({done[r] for r in behind}))}): "
                         f"{'it holds' if len(behind) == 1 else 'they hold'} the group")
             lines.append(f"  {who} in seq {seq} for {longest:.1f} s{held}")
     found = pace.score(records, window_s, share)
@@ -99,5 +99,5 @@ def screen(records: Mapping[int, Mapping[str, Any]], window_s: float, share: flo
         lines.append(f"rank {r} ({records[r].get('host', '?')}) stopped answering: its last pace is "
                      f"{now - float(records[r]['time']):.0f} s old")
     if missing:
-        lines.append(f"rank(s) {_ranges(missing)} never published (not started, or no recorder)")
+        lines.append(f"rank(s) {rank_ranges(missing)} never published (not started, or no recorder)")
     return "\n".join(lines)

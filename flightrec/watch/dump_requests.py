@@ -32,6 +32,16 @@ def _underlying_store(store: Any) -> Any:
     return store
 
 
+def read_keys(store: Any, keys: list[str]) -> dict[str, str]:
+    """The values of those of `keys` that are set in `store` (never waits for one that is not); a store
+    error propagates."""
+    present = [k for k in keys if store.check([k])]
+    if not present:
+        return {}
+    values = store.multi_get(present) if hasattr(store, "multi_get") else [store.get(k) for k in present]
+    return {k: bytes(v).decode("utf-8", "replace") for k, v in zip(present, values, strict=True)}
+
+
 class StoreTrigger:
     """A counter in the store: each increment is one job-wide dump request."""
 
@@ -125,18 +135,10 @@ class StoreTrigger:
         store = self._connect()
         if store is None:
             return {}
-        out: dict[str, str] = {}
         try:
-            present = [k for k in keys if store.check([k])]
-            if hasattr(store, "multi_get") and present:
-                values = store.multi_get(present)
-            else:
-                values = [store.get(k) for k in present]
-            for key, value in zip(present, values, strict=True):
-                out[key] = bytes(value).decode("utf-8", "replace")
+            return read_keys(store, keys)
         except Exception:  # noqa: BLE001 - no news this round
-            pass
-        return out
+            return {}
 
     def read(self, key: str) -> str | None:
         """`key`'s value, "" when it is not set; None when the store cannot say (never waits for the key)."""

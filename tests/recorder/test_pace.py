@@ -134,7 +134,7 @@ def test_the_watch_screen_says_who_holds_the_group_and_who_stopped_answering() -
     records[3]["time"] = now - 45
     text = live_view.screen(records, 60, 0.05, now=now)
     assert "3 of 5 ranks answering" in text
-    assert "ranks 0-1,3 wait in seq 601 for 33.0 s; rank 2 is not in it (done up to seq 600): it holds the group" in text
+    assert "ranks 0-1, 3 wait in seq 601 for 33.0 s; rank 2 is not in it (done up to seq 600): it holds the group" in text
     assert "rank 2 (node1) held group 0 back" in text and "persistent" in text
     assert "rank 3 (node1) stopped answering: its last pace is 45 s old" in text
     assert "rank(s) 4 never published" in text

@@ -71,7 +71,7 @@ def test_watch_sees_a_hang_as_it_happens_and_a_rank_that_stops_answering(tmp_pat
             if done.exit_code != 0:
                 continue  # the store is not up yet
             text = done.output
-            if not seen and re.search(r"ranks 0-1,3 wait in seq \d+ for [\d.]+ s; rank 2 is not in it", text):
+            if not seen and re.search(r"ranks 0-1, 3 wait in seq \d+ for [\d.]+ s; rank 2 is not in it", text):
                 seen = text
                 pid = int(re.search(r'"pid":(\d+)', _record(port, 2)).group(1))
                 os.kill(pid, signal.SIGSTOP)
