@@ -16,6 +16,8 @@ Checks, each in its own bounded subprocess:
 - `gloo_cuda`: a 3-rank gloo job on CUDA tensors sharing the one GPU (NCCL refuses two ranks on one
   device) where rank 1 stalls: every rank dumps, device times are there and ordered, and the analysis
   names rank 1.
+- `gloo_cuda_slow`: the same 3 ranks, no stall: rank 2 queues 4x the others' device work before each of
+  40 steps, dumped at exit: the analysis, timing the ops by their device events, names rank 2 slow.
 - `nccl_2proc`: with 2+ GPUs, the same stall on a 2-rank NCCL job, a GPU per rank (PyTorch's NCCL
   recorder on, `TORCH_NCCL_TRACE_BUFFER_SIZE=2000`): both ranks dump and the analysis names rank 1.
   Skipped (and said so) with one GPU.
@@ -299,6 +301,32 @@ def check_gloo_cuda(out: Path, env: dict[str, str]) -> dict:
     return got
 
 
+def check_gloo_cuda_slow(out: Path, env: dict[str, str]) -> dict:
+    """A slow rank that only its device events show: its host calls return at once, like the others'."""
+    sys.path.insert(0, str(ROOT))
+    from fixtures.launch import launch
+
+    folder = out / "gloo-cuda-slow"
+    os.environ.update({k: v for k, v in env.items() if k == "PYTHONPATH"})
+    job = launch(ROOT / "fixtures" / "jobs" / "gpu.py", 3, folder, ["--slow-rank", "2", "--steps", "40"],
+                 env={"FLIGHTREC_DUMP_ON_EXIT": "1"}, timeout_s=180)
+    got: dict = {"dumps": [str(p.name) for p in job.dumps], "seconds": round(job.elapsed_s, 1),
+                 "timed_out": job.timed_out, "exit": job.returncode}
+    try:
+        import analyzers
+
+        a = analyzers.load(folder)
+        report = a.report()
+        timed = a.entries[a.entries["t_dev_start_ns"].notna() & a.entries["t_dev_end_ns"].notna()]
+        got.update(verdict=report["verdict"], summary=report["summary"], timed_ops=len(timed),
+                   stragglers=[(s["rank"], s["late_ms_median"]) for s in report["stragglers"]])
+        got["ok"] = (len(job.dumps) == 3 and report["verdict"] == "slow" and len(timed) > 0
+                     and [r for r, _ in got["stragglers"]] == [2])
+    except ImportError as exc:  # the analyzer's dependencies are not on this machine
+        got.update(analysis=f"skipped: {exc}", ok=len(job.dumps) == 3)
+    return got
+
+
 def check_nccl_2proc(out: Path, env: dict[str, str]) -> dict:
     """A 2-rank NCCL job, a GPU per rank, where rank 1 stalls before a collective: what users run."""
     import torch
@@ -352,7 +380,7 @@ def check_ablation(out: Path, env: dict[str, str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="results folder (default: a temporary one)")
-    parser.add_argument("--only", default="nccl,nccl_python,gloo_cuda,nccl_2proc,overhead,ablation",
+    parser.add_argument("--only", default="nccl,nccl_python,gloo_cuda,gloo_cuda_slow,nccl_2proc,overhead,ablation",
                         help="comma-separated checks to run")
     parser.add_argument("--build", action="store_true",
                         help="first compile the C hot path, the pickle reader and the torch reader in place")
@@ -373,6 +401,7 @@ def main() -> int:
         print(f"build: {results['build']}", flush=True)
     env = _env(_hook(out / "hook"))
     checks = {"nccl": check_nccl, "nccl_python": check_nccl_python, "gloo_cuda": check_gloo_cuda,
+              "gloo_cuda_slow": check_gloo_cuda_slow,
               "nccl_2proc": check_nccl_2proc, "overhead": check_overhead, "ablation": check_ablation}
     for name in a.only.split(","):
         start = time.monotonic()

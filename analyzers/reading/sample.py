@@ -38,9 +38,17 @@ def sample(table: Columns, recent: np.ndarray) -> tuple[Columns, np.ndarray]:
     rank, seq = np.asarray(table["rank"], dtype=np.int64), np.asarray(table["seq"], dtype=np.int64)
     enq, enq_known = _ints(table["t_enqueue_ns"], n)
     comp, comp_known = _ints(table["t_complete_ns"], n)
+    completed = _is(table["state"], "completed", n)
+    if "t_dev_start_ns" in table and "t_dev_end_ns" in table:  # timed on the device (timing/blocking_ops.device_times)
+        dev_start, start_known = _ints(table["t_dev_start_ns"], n)
+        dev_end, end_known = _ints(table["t_dev_end_ns"], n)
+        on_device = start_known & end_known & completed
+        if on_device.any():
+            enq, comp = np.where(on_device, dev_start, enq), np.where(on_device, dev_end, comp)
+            enq_known, comp_known = enq_known | on_device, comp_known | on_device
     is_coll, is_p2p = _is(table["kind"], "coll", n), _is(table["kind"], "p2p", n)
     is_async = np.asarray(table["is_async"], dtype=bool)
-    blocking = (is_coll | is_p2p) & _is(table["state"], "completed", n) & (seq >= 0) & ~is_async & enq_known & comp_known
+    blocking = (is_coll | is_p2p) & completed & (seq >= 0) & ~is_async & enq_known & comp_known
     rows = np.flatnonzero(blocking)
     r, e = rank[rows], enq[rows]
     if len(rows) > 1 and not bool(((np.diff(r) > 0) | ((np.diff(r) == 0) & (np.diff(e) >= 0))).all()):

@@ -21,6 +21,27 @@ def _ordered(rank: np.ndarray, t: np.ndarray) -> bool:
     return bool(((step_rank > 0) | ((step_rank == 0) & (step_t >= 0))).all())
 
 
+def device_times(entries: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Ops timed on their device (NCCL, HCCL: `t_dev_start_ns`/`t_dev_end_ns`) are timed by those.
+
+    On a stream backend the host's call returns before the op runs, and the op completes when a poll
+    finds it done: its host times say neither when the rank arrived nor when it left (`t_complete_ns`
+    is null). The device start event marks when the rank's stream reached the op (its arrival, after its
+    own compute) and the end event when that stream could go on (for a blocking call, the op's end),
+    both on the host's monotonic clock: the same pair a gloo op's enqueue and completion are. Returns
+    the entries (a new frame only when some carry device times) and how many ops took them."""
+    if entries.empty or "t_dev_end_ns" not in entries.columns or "t_dev_start_ns" not in entries.columns:
+        return entries, 0
+    start, end = entries["t_dev_start_ns"], entries["t_dev_end_ns"]
+    timed = ~start.isna().to_numpy() & ~end.isna().to_numpy() & is_value(entries["state"], "completed")
+    count = int(timed.sum())
+    if not count:
+        return entries, 0
+    enq, comp = entries["t_enqueue_ns"].array.copy(), entries["t_complete_ns"].array.copy()
+    enq[timed], comp[timed] = start.array[timed], end.array[timed]
+    return entries.assign(t_enqueue_ns=enq, t_complete_ns=comp), count
+
+
 def _blocking_ops(entries: pd.DataFrame) -> pd.DataFrame:
     """Completed blocking ops with timing, each with the compute gap before it on its own rank.
 

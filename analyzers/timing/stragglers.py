@@ -27,6 +27,7 @@ import pandas as pd
 from ..constants import MIN_LATE_MS
 from ..diagnosis.transfers import Transfers
 from ..textutil import ranges
+from .blocking_ops import device_times
 from .clocks import _estimated_completions, clock_offsets
 from .lateness import RunParts, collective_lateness
 from .straggler_links import p2p_links, slow_links
@@ -80,6 +81,7 @@ def find_slow(entries: pd.DataFrame, group_sizes: dict[str, int], wall_offsets: 
               run_parts: RunParts | None = None) -> SlowResult:
     """The timing verdict: slow ranks (persistent or costly), slow links, clock offsets, the lateness
     table they rest on, and the notes on what was left out. `run_parts`: see `collective_lateness`."""
+    entries, _ = device_times(entries)
     entries, estimated = _estimated_completions(entries, wall_offsets)
     lateness = collective_lateness(entries, group_sizes, run_parts)
     result = SlowResult(lateness=lateness, clock_offsets_ms=clock_offsets(lateness, wall_offsets))

@@ -100,3 +100,40 @@ def test_ranks_that_entered_the_op_and_left_are_not_what_holds_it(tmp_path: Path
     report = _report(job, tmp_path)
     assert report["verdict"] == "hang", report["summary"]
     assert _causes(report) == [(2, "exited")]
+
+
+def _device_timed_job(slow_rank: int, steps: int = 40, late_ns: int = 4_000_000) -> Job:
+    """Blocking all_reduces on a stream backend: each host called at once (it runs ahead of its
+    stream) and the ops completed by a poll (no host end), as flightrec records NCCL ops; only the
+    device events say when each rank's stream reached the op and when it went on. `slow_rank`'s own
+    device work makes it arrive `late_ns` late at every op."""
+    job = Job(4, backend="nccl")
+    step_ns = 20_000_000
+    for seq in range(1, steps + 1):
+        for rank in range(4):
+            arrive = seq * step_ns + rank * 50_000 + (late_ns if rank == slow_rank else 0)
+            job.collective("0", ranks=[rank], t_dev_start_ns=arrive, t_dev_end_ns=seq * step_ns + late_ns + 300_000)
+            job._now -= 1_000_000  # every rank's host called at the same moment
+        job._now += 1_000_000
+    for rows in job.entries.values():
+        for row in rows:
+            row["t_complete_ns"] = None  # completed when a poll found it done: not a measured end
+    return job
+
+
+def test_ops_timed_on_the_device_name_the_slow_rank(tmp_path: Path) -> None:
+    """On NCCL/HCCL a device op's host times hold no timing; its device events do (they were never
+    read by the timing before: a slow GPU rank read healthy)."""
+    report = _report(_device_timed_job(slow_rank=2), tmp_path / "slow")
+    assert report["verdict"] == "slow", report["summary"]
+    assert [s["rank"] for s in report["stragglers"]] == [2]
+    assert report["stragglers"][0]["late_ms_median"] >= 3.5
+    sampled = analyzers.load(str(tmp_path / "slow"), read="sampled").report()
+    assert [s["rank"] for s in sampled["stragglers"]] == [2]
+    healthy = _report(_device_timed_job(slow_rank=-1), tmp_path / "healthy")
+    assert healthy["verdict"] == "healthy" and healthy["stragglers"] == []
+    untimed = _device_timed_job(slow_rank=2)
+    for rows in untimed.entries.values():
+        for row in rows:
+            row["t_dev_start_ns"] = row["t_dev_end_ns"] = None
+    assert _report(untimed, tmp_path / "untimed")["stragglers"] == []  # host times alone cannot tell
