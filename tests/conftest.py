@@ -27,7 +27,9 @@ JOB_FIXTURES = {"batch_ring"}  # module fixtures that run a real job (tests/anal
 # a soak's false alarms): `serial`, run one at a time with the cores to themselves; the other jobs run
 # two at a time in CI (.ci/test). Scenarios whose expectations read timing are marked where they are
 # parametrized (tests/scenarios/test_fault_injection.py, fixtures/run.py `timed`).
-SERIAL = {"scenarios/test_live.py", "scenarios/test_snapshots.py", "reliability/test_soak.py"}
+# A test id there is a job heavy enough to starve whatever runs beside it (thousands of gloo threads).
+SERIAL = {"scenarios/test_live.py", "scenarios/test_snapshots.py", "reliability/test_soak.py",
+          "reliability/test_recorder_faults.py::test_a_thousand_live_groups_number_each_group_on_its_own"}
 # the longest tests without a job, 15-140 s each on 2 cores: a wheel build, thousands of simulated jobs, fuzzing
 SLOW = {"test_packaging.py::test_wheel_installs_beside_a_package_named_fixtures",
         "analyzer/test_sim.py::test_reports_name_exactly_the_true_culprits",
@@ -43,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if ((path.split("/")[0] in JOB_FOLDERS and path not in NOT_JOBS) or test in JOBS
                 or JOB_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.job)
-        if path in SERIAL:
+        if path in SERIAL or test in SERIAL:
             item.add_marker(pytest.mark.serial)
         if test in SLOW:
             item.add_marker(pytest.mark.slow)
