@@ -31,12 +31,13 @@ from ..format.names import stacks_filename
 
 MAGIC = "# flightrec-stacks/1"  # the file's first bytes: the analyzer recognises it by them
 LONGEST_LIMIT_S = 30.0  # fire after at most this long without a watchdog tick, whatever FLIGHTREC_TIMEOUT is
-SHORTEST_LIMIT_S = 1.0
+SHORTEST_LIMIT_S = 3.0  # C code holding the GIL for a second (an import, a big copy) on a loaded host is ordinary
 
 
 def limit_for(timeout_s: float, tick_s: float) -> float:
     """Seconds without a watchdog tick after which the stacks are written: the op timeout, at most
-    LONGEST_LIMIT_S, and never so short that a tick's ordinary work (4 ticks) could trip it."""
+    LONGEST_LIMIT_S, and never so short that ordinary work (a second of C code holding the GIL on a busy
+    host, 4 ticks) could trip it: a stacks file in a healthy job would be a false alarm."""
     return max(min(timeout_s, LONGEST_LIMIT_S), SHORTEST_LIMIT_S, 4 * tick_s)
 
 

@@ -28,14 +28,14 @@ def main() -> None:
     original = faulthandler.dump_traceback_later
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo")
-    flightrec.enable(dir=first, timeout_s=1.0)  # fires after 1 s without a watchdog tick
+    flightrec.enable(dir=first, timeout_s=1.0)  # fires after 3 s without a watchdog tick (the floor)
     time.sleep(0.5)
     path = os.path.join(first, "rank-00000.stacks.txt")
     size = os.path.getsize(path)
 
     faulthandler.dump_traceback_later(60)  # the job's own timer: flightrec steps aside
     time.sleep(0.5)
-    hold(2.0)
+    hold(4.0)
     assert os.path.getsize(path) == size, "flightrec re-armed over the job's own faulthandler timer"
     faulthandler.cancel_dump_traceback_later()  # the slot is free again: flightrec takes it back
     time.sleep(0.5)
@@ -47,14 +47,14 @@ def main() -> None:
         faulthandler.cancel_dump_traceback_later()
         os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0, "a forked child deadlocked in faulthandler"
-    hold(2.0)  # right after the fork: re-armed in the parent at once
+    hold(4.0)  # right after the fork: re-armed in the parent at once
     text = open(path, encoding="utf-8").read()
     assert "Timeout (" in text and "in hold" in text and "in main" in text, text
     fired = os.path.getsize(path)
 
     flightrec.disable()
     assert faulthandler.dump_traceback_later is original, "disable() did not give faulthandler back"
-    hold(2.0)
+    hold(4.0)
     assert os.path.getsize(path) == fired, "the timer outlived disable()"
 
     flightrec.enable(dir=second, timeout_s=1.0)
