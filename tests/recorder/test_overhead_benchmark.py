@@ -78,6 +78,23 @@ def test_device_path_benchmark_runs_on_cpu_with_its_standin(tmp_path: Path) -> N
     assert int(ops) > 0 and int(timed) > 0, check
 
 
+def test_sustained_device_benchmark_prints_each_variant(tmp_path: Path) -> None:
+    """`device_sustained.py` (small): each variant's µs per op against the no-recorder run of the same
+    invocation, the GC's collections, and flightrec's variants recorded the stand-in's ops on its device."""
+    out = tmp_path / "sustained.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_sustained.py"), "--ops", "3000",
+                           "--rounds", "1", "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())["figures"]
+    assert list(figures) == ["off", "flightrec", "no_gc", "watchdog_asleep"]
+    assert figures["off"]["added_us"] == 0.0
+    for variant, f in figures.items():
+        assert f"{variant} " in done.stdout and abs(f["added_us"] - (f["us_per_op"] - figures["off"]["us_per_op"])) < 1e-9
+        (run,) = f["rounds"]
+        assert (run["device_ops_in_ring"] > 0) == (variant != "off"), (variant, run)
+    assert figures["no_gc"]["rounds"][0]["gc_collections"] == [0, 0, 0]  # the variant did turn the GC off
+
+
 def test_cuda_benchmark_has_a_plan_and_says_when_there_is_no_gpu(tmp_path: Path) -> None:
     """`--device cuda`: the plan of its four variants (--dry-run), and, without a GPU, a clear exit, not a hang."""
     plan_file = tmp_path / "plan.json"
