@@ -10,8 +10,8 @@ collectives would on NCCL, and the figure is µs per call. Variants, each in a f
 alternating: `off` (no recorder), `flightrec` (as `FLIGHTREC=1` arms it, 0.5 s watchdog tick),
 `no_gc` (flightrec, Python's cyclic GC off: what the objects the device path keeps alive until the
 watchdog's next poll cost in collections), `watchdog_asleep` (flightrec, the watchdog ticking once
-an hour: the training thread's own share; the ops are never polled, so their records pile up, which
-costs too). Each line gives the cyclic GC's collections per generation during the timed ops.
+an hour and not woken when many ops wait to be polled (`Recorder.poll_soon` unplugged): the training
+thread's own share; the ops are never polled, so their records pile up, which costs too). Each line gives the cyclic GC's collections per generation during the timed ops.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ if variant != "off":
     extra = {"poll_s": 3600.0} if variant == "watchdog_asleep" else {}
     assert flightrec.enable(dir=os.path.join(work, "dumps"), timeout_s=300, **extra)
     standin.install_events(current().recorder)
+    if variant == "watchdog_asleep":
+        current().recorder.poll_soon = None  # not woken by the ops waiting to be polled either
 if variant == "no_gc":
     gc.disable()
 dist.init_process_group("gloo", init_method="file://" + os.path.join(work, "store"), rank=0, world_size=1)

@@ -315,6 +315,7 @@ static PyObject *s_python, *s_cpu, *s_empty;
 static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_wait, *s_async_op, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
 /* DeviceTiming's fields read by the C copy of its hot methods (record/device_timing.py) */
+static PyObject *s_poll_soon;
 static PyObject *s_capture_checks, *s_disabled, *s_open, *s_open_limit, *s_anchors, *s_pools, *s_factory, *s_record;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
@@ -414,6 +415,7 @@ typedef struct {
     PyObject *names[NPARAMS], *defaults[NPARAMS];
     Py_ssize_t positions[NPARAMS];
     Py_ssize_t capacity, site_cache_limit, trust_after, recheck_every, async_position;
+    Py_ssize_t poll_soon_at; /* Recorder.poll_soon_at: `polled` reaching each multiple of it wakes the watchdog */
     int is_coll, is_send, always_async, has_endpoint, has_async, enabled;
     /* one-entry caches for the common case of one training thread calling from one place */
     uint64_t tls_id;      /* PyThreadState_GetID of tls_state: unique per thread state, never reused */
@@ -955,6 +957,18 @@ done:
     return out;
 }
 
+/* Recorder._file_polled's wake: `polled` just reached a multiple of poll_soon_at, so the watchdog
+ * polls now rather than at its next tick, before the ring wraps over ops it has not seen complete. */
+static void poll_soon(Leaf *self)
+{
+    PyObject *wake = PyDict_GetItemWithError(self->rec_dict, s_poll_soon);
+    if (wake != NULL && wake != Py_None) {
+        PyObject *done = PyObject_CallNoArgs(wake);
+        Py_XDECREF(done);
+    }
+    PyErr_Clear();
+}
+
 /* Recorder.watch_work's device case: the Work kept on the entry, the entry polled by the watchdog
  * (Work.is_completed, then Work.exception: a failure is found there) and, for an async op, found by
  * its Work.wait. Its future is not watched: NCCL (and torch_npu's HCCL) complete it with its value
@@ -965,6 +979,7 @@ static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocki
     PyObject *id = PyLong_FromLongLong(EN(entry)->id);
     if (id == NULL || PyDict_SetItem(self->polled, id, entry) < 0) PyErr_Clear();
     Py_XDECREF(id);
+    if (self->poll_soon_at > 0 && PyDict_GET_SIZE(self->polled) % self->poll_soon_at == 0) poll_soon(self);
     if (!blocking) { /* its wait (Work.wait) places the end event */
         PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
         if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
@@ -1301,7 +1316,8 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
 #undef TAKE
     Py_ssize_t flag;
     if (take_int(config, "capacity", &self->capacity) < 0 || take_int(config, "site_cache_limit", &self->site_cache_limit) < 0
-        || take_int(config, "trust_after", &self->trust_after) < 0 || take_int(config, "recheck_every", &self->recheck_every) < 0)
+        || take_int(config, "trust_after", &self->trust_after) < 0 || take_int(config, "recheck_every", &self->recheck_every) < 0
+        || take_int(config, "poll_soon_at", &self->poll_soon_at) < 0)
         return -1;
     if (take_int(config, "is_coll", &flag) < 0) return -1;
     self->is_coll = (int)flag;
@@ -1801,7 +1817,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_active, "active") INTERN(s_state, "state") INTERN(s_default_pg, "_default_pg")
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
-    INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_before, "before")
+    INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_poll_soon, "poll_soon") INTERN(s_before, "before")
     INTERN(s_waited, "waited") INTERN(s_wait, "wait")
     INTERN(s_capture_checks, "_capture_checks") INTERN(s_disabled, "disabled") INTERN(s_open, "_open")
     INTERN(s_open_limit, "_open_limit") INTERN(s_anchors, "_anchors") INTERN(s_pools, "_pools")

@@ -104,7 +104,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
         "is_coll": int(spec.kind == "coll"), "is_send": int(spec.direction == "send"),
         "always_async": int(spec.is_async_api), "has_endpoint": int(bool(spec.root or spec.peer)),
         "params": params,
-        "stream_group_type": StreamGroupState, "polled": rec.polled, "wait_failed": _wait_failed(rec),
+        "stream_group_type": StreamGroupState, "polled": rec.polled, "poll_soon_at": rec.poll_soon_at, "wait_failed": _wait_failed(rec),
         "device_tail": device_tail,
         "has_async": int("async_op" in spec.positions), "async_position": spec.positions.get("async_op", -1),
     }

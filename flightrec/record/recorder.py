@@ -116,6 +116,12 @@ class Recorder:
         # Both are polled by the watchdog (Work.is_completed) for ops nobody waits on.
         self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
         self.by_work: dict[int, Entry] = {}  # id(Work) -> CPU op, for the Work.wait wrapper
+        # `polled` reaching a multiple of this wakes the watchdog (`poll_soon`) instead of waiting for its tick:
+        # ops that come faster than the ring per tick are then seen complete before the ring wraps over
+        # them (their slots reused, their Works let go young), which cost the cyclic GC ~8-14 µs per op
+        # otherwise (docs/overhead.md, back-to-back device ops).
+        self.poll_soon_at = max(16, min(self.ring.capacity // 2, 1000))
+        self.poll_soon: Callable[[], None] | None = None
         # The C hot path's latest async op not waited on yet (.work, .entry), kept out of by_work:
         # see AsyncSlot in _fastpath.c. None without the C hot path.
         slot_type = c_base("AsyncSlot")
@@ -321,7 +327,7 @@ class Recorder:
             return
         if entry.device != "cpu":
             self.by_work[id(work)] = entry  # its Work.wait marks where its end event goes
-            self.polled[entry.id] = entry
+            self._file_polled(entry)
             return
         callback = self._on_future_done
         try:
@@ -331,13 +337,23 @@ class Recorder:
                 # that behaves like it on CPU tensors) tells only of an error; its Work is polled, unmeasured.
                 self._on_device_future(entry, future)
                 if entry.pending:
-                    self.polled[entry.id] = entry
+                    self._file_polled(entry)
             elif future.done():
                 callback(entry, future)
             else:
                 future.add_done_callback(partial(callback, entry))
         except Exception:  # noqa: BLE001 - some backends have no futures: polled instead
-            self.polled[entry.id] = entry
+            self._file_polled(entry)
+
+    def _file_polled(self, entry: Entry) -> None:
+        """Into `polled`; the watchdog woken at each multiple of `poll_soon_at` it reaches (so again if a
+        poll could not keep up), as the C hot path does."""
+        self.polled[entry.id] = entry
+        if len(self.polled) % self.poll_soon_at == 0 and self.poll_soon is not None:
+            try:
+                self.poll_soon()
+            except Exception:  # noqa: BLE001 - the tick polls anyway
+                pass
 
     def _on_device_future(self, entry: Entry, future: Any) -> None:
         """A stream-ordered future (done when the op was queued): only its error is news."""

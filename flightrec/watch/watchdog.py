@@ -115,6 +115,7 @@ class Watchdog:
                 os.close(fd)
             except OSError:
                 pass
+        self._wake_r = self._wake_w = -1  # a late wake() must not write to whatever file reuses the number
 
     def wake(self) -> None:
         try:

@@ -336,6 +336,37 @@ def stream_polling(out: str, name: str) -> None:
     flightrec.disable()
 
 
+def poll_soon(out: str, name: str) -> None:
+    """Ops faster than the watchdog's tick: with the tick an hour away, `poll_soon_at` + 10 blocking ops
+    on a device whose ops end at once, first with the recorder's wake unplugged (the control), then
+    plugged in as armed: how many of each batch the watchdog had completed 3 s later."""
+    import flightrec
+    import flightrec.arming as control
+    from flightrec.record.device_timing import DeviceTiming
+
+    dist.Backend.register_backend(name, lambda store, rank, size, timeout: standin.StandinProcessGroup(rank, size),
+                                  devices=["cpu", "meta"])
+    flightrec.enable(dir=out, timeout_s=600, poll_s=3600)  # the tick an hour away
+    rec = control.current().recorder
+    rec.device_timing = DeviceTiming(factory=standin.StandinEvent, capturing=lambda device: False)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    pg = dist.new_group(backend=name)
+    t = torch.ones(4, device="meta")
+    wake, batches = rec.poll_soon, {}
+    for label, plugged in (("unplugged", None), ("armed", wake)):
+        rec.poll_soon = plugged
+        first = rec.ring.recorded
+        for _ in range(rec.poll_soon_at + 10):
+            dist.all_reduce(t, group=pg)
+        time.sleep(3.0)
+        mine = [e for e in rec.entries() if e.id >= first and e.device == "meta"]
+        batches[label] = {"ops": len(mine), "completed": sum(e.state == "completed" for e in mine)}
+        rec.poll_works()  # by hand: the next batch starts with nothing left to poll
+    emit(poll_soon_at=rec.poll_soon_at, batches=batches, wake_is_the_watchdogs=wake == control.current().watchdog.wake)
+    dist.destroy_process_group()
+    flightrec.disable()
+
+
 # --- device events around the wrapper's calls (tests/recorder/test_device_timing.py) ---------------
 
 class DeviceTensor:
@@ -486,7 +517,7 @@ def stream_ends() -> None:
          captured_state=rec.entries()[-1].state, pending=len(rec.pending))
 
 
-JOBS = {f.__name__: f for f in (late_backend, device_ops, stream_polling, wrapper_brackets, stream_ends)}
+JOBS = {f.__name__: f for f in (late_backend, device_ops, stream_polling, poll_soon, wrapper_brackets, stream_ends)}
 
 if __name__ == "__main__":
     dispatch(JOBS)

@@ -51,3 +51,20 @@ def test_a_backend_not_known_to_finish_in_order_is_polled_op_by_op() -> None:
     steps = _run("devorder", "1")
     assert [s["states"] for s in steps] == EXPECTED_STATES  # the same answer
     assert [s["queries"] for s in steps] == [40, 40, 15, 15, 2, 1]
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_ops_faster_than_the_tick_wake_the_watchdog(fast: str) -> None:
+    """`polled` reaching `poll_soon_at` wakes the watchdog (C hot path and Python wrapper alike), so ops
+    that outrun its tick are seen complete before the ring wraps over them; unplugged, none is."""
+    env = {k: v for k, v in os.environ.items() if k != "FLIGHTREC"}
+    env["FLIGHTREC_FASTPATH"] = fast
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run(command("tests.recorder.device_jobs", "poll_soon", out, "devsoon"), capture_output=True,
+                              text=True, timeout=120, env=env_with_root(env), cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = facts(done.stdout)
+    assert seen["wake_is_the_watchdogs"] and seen["poll_soon_at"] == 1000  # the default ring: 2,000 ops
+    ops = seen["poll_soon_at"] + 10
+    assert seen["batches"]["unplugged"] == {"ops": ops, "completed": 0}
+    assert seen["batches"]["armed"]["ops"] == ops and seen["batches"]["armed"]["completed"] >= seen["poll_soon_at"]
