@@ -25,7 +25,7 @@ JOBS = {"analyzer/test_jobs.py::test_real_two_jobs_in_one_folder", "analyzer/tes
 JOB_FIXTURES = {"batch_ring"}  # module fixtures that run a real job (tests/analyzer/test_trace_export.py)
 # Jobs whose checks read timing (stragglers, clock offsets, timing shifts, recovered stalls, live alerts,
 # a soak's false alarms): `serial`, run one at a time with the cores to themselves; the other jobs run
-# two at a time in CI (.ci/test). Scenarios whose expectations read timing are marked where they are
+# on two workers beside the in-process tests in CI (.ci/test). Scenarios whose expectations read timing are marked where they are
 # parametrized (tests/scenarios/test_fault_injection.py, fixtures/run.py `timed`).
 # A test id there is a job heavy enough to starve whatever runs beside it (thousands of gloo threads).
 SERIAL = {"scenarios/test_live.py", "scenarios/test_snapshots.py", "reliability/test_soak.py",

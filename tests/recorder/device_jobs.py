@@ -339,7 +339,8 @@ def stream_polling(out: str, name: str) -> None:
 def poll_soon(out: str, name: str) -> None:
     """Ops faster than the watchdog's tick: with the tick an hour away, `poll_soon_at` + 10 blocking ops
     on a device whose ops end at once, first with the recorder's wake unplugged (the control), then
-    plugged in as armed: how many of each batch the watchdog had completed 3 s later."""
+    plugged in as armed: how many of each batch the watchdog had completed 1.5 s later (armed: once
+    nothing is left to poll, 10 s at most)."""
     import flightrec
     import flightrec.arming as control
     from flightrec.record.device_timing import DeviceTiming
@@ -352,13 +353,17 @@ def poll_soon(out: str, name: str) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     pg = dist.new_group(backend=name)
     t = torch.ones(4, device="meta")
+    time.sleep(2.0)  # the watchdog's first tick (at its start) is over, even on a loaded machine
+    rec.poll_works()
     wake, batches = rec.poll_soon, {}
     for label, plugged in (("unplugged", None), ("armed", wake)):
         rec.poll_soon = plugged
         first = rec.ring.recorded
         for _ in range(rec.poll_soon_at + 10):
             dist.all_reduce(t, group=pg)
-        time.sleep(3.0)
+        deadline = time.monotonic() + (1.5 if plugged is None else 10.0)  # woken, it polls in milliseconds
+        while time.monotonic() < deadline and (plugged is None or rec.polled):
+            time.sleep(0.05)
         mine = [e for e in rec.entries() if e.id >= first and e.device == "meta"]
         batches[label] = {"ops": len(mine), "completed": sum(e.state == "completed" for e in mine)}
         rec.poll_works()  # by hand: the next batch starts with nothing left to poll

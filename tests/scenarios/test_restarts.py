@@ -1,7 +1,7 @@
 """A torchelastic restart: attempt 0 fails, torchrun (`--max_restarts 1`) starts attempt 1, which completes.
 
 Both attempts' dumps stay side by side; the analyzer reads the latest attempt unless told otherwise.
-Attempt 1 runs with FLIGHTREC_ON_HANG=abort and a 1 s timeout for longer than that timeout: a healthy
+Attempt 1 runs with FLIGHTREC_ON_HANG=abort and a 3 s timeout for longer than that timeout: a healthy
 job is never ended. One real torchrun gloo job, bounded by `launch`, which kills all of it.
 """
 
@@ -23,8 +23,10 @@ RANKS = 4
 
 def test_restart_attempts_keep_their_dumps_and_the_latest_is_analysed(tmp_path: Path) -> None:
     out = tmp_path / "dumps"
-    result = launch(JOB, RANKS, out, ["--fail-rank", "1", "--steps", "4", "--step-sleep", "0.4"], max_restarts=1,
-                    timeout_s=120, env={"FLIGHTREC_TIMEOUT": "1", "FLIGHTREC_ON_HANG": "abort",
+    # 9 steps of 0.4 s outlast the 3 s timeout; each op waits up to 0.3 s for the slowest rank (with a 1 s
+    # timeout, a loaded 2-core CI machine once made that 1.1 s and ended the healthy attempt)
+    result = launch(JOB, RANKS, out, ["--fail-rank", "1", "--steps", "9", "--step-sleep", "0.4"], max_restarts=1,
+                    timeout_s=120, env={"FLIGHTREC_TIMEOUT": "3", "FLIGHTREC_ON_HANG": "abort",
                                         "FLIGHTREC_ABORT_GRACE_S": "1"})
     assert not result.timed_out and not result.stopped, result.output[-3000:]
     assert result.returncode == 0, result.output[-3000:]  # attempt 1 completed: nothing aborted it
