@@ -11,7 +11,8 @@ alternating: `off` (no recorder), `flightrec` (as `FLIGHTREC=1` arms it, 0.5 s w
 `no_gc` (flightrec, Python's cyclic GC off: what the objects the device path keeps alive until the
 watchdog's next poll cost in collections), `watchdog_asleep` (flightrec, the watchdog ticking once
 an hour and not woken when many ops wait to be polled (`Recorder.poll_soon` unplugged): the training
-thread's own share; the ops are never polled, so their records pile up, which costs too). Each line gives the cyclic GC's collections per generation during the timed ops.
+thread's own share; the ops are never polled, so their records pile up, which costs too). Each line
+gives the cyclic GC's collections per generation during the timed ops.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("off", "flightrec", "no_gc", "watchdog_asleep")
 
 CHILD = r'''
-import gc, json, os, sys, tempfile, time
+import gc, json, os, sys, time
 sys.path.insert(0, sys.argv[3])
 import torch, torch.distributed as dist
 from benchmarks import standin
-variant, ops = sys.argv[1], int(sys.argv[2])
-work = tempfile.mkdtemp(prefix="flightrec-sustained-")
+variant, ops, work = sys.argv[1], int(sys.argv[2]), sys.argv[4]
 standin.register()
 if variant != "off":
     import flightrec
@@ -66,10 +66,12 @@ if variant != "off":
 '''
 
 
-def run_child(variant: str, ops: int, timeout_s: float) -> dict[str, object]:
+def run_child(variant: str, ops: int, timeout_s: float, work: str) -> dict[str, object]:
+    """One variant in a fresh process; its store and dumps under `work` (a folder of its own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTREC", "TORCHELASTIC"))}
     env["OMP_NUM_THREADS"] = "1"
-    out = subprocess.run([sys.executable, "-c", CHILD, variant, str(ops), ROOT], capture_output=True, text=True,
+    os.makedirs(work)
+    out = subprocess.run([sys.executable, "-c", CHILD, variant, str(ops), ROOT, work], capture_output=True, text=True,
                          timeout=timeout_s, env=env)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -85,10 +87,10 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     got: dict[str, list[dict[str, object]]] = {v: [] for v in VARIANTS}
-    with tempfile.TemporaryDirectory():
+    with tempfile.TemporaryDirectory(prefix="flightrec-sustained-") as work:
         for r in range(args.rounds):
             for variant in VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS)):
-                got[variant].append(run_child(variant, args.ops, args.timeout_s))
+                got[variant].append(run_child(variant, args.ops, args.timeout_s, os.path.join(work, f"{variant}-{r}")))
     unrecorded = [v for v in VARIANTS[1:] for x in got[v] if not x["device_ops_in_ring"]]
     if unrecorded:
         print(f"flightrec recorded no device op in: {sorted(set(unrecorded))}", file=sys.stderr)

@@ -314,8 +314,8 @@ static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cp
 static PyObject *s_python, *s_cpu, *s_empty;
 static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_wait, *s_async_op, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
+static PyObject *s_poll_soon; /* Recorder.poll_soon: the watchdog's wake */
 /* DeviceTiming's fields read by the C copy of its hot methods (record/device_timing.py) */
-static PyObject *s_poll_soon;
 static PyObject *s_capture_checks, *s_disabled, *s_open, *s_open_limit, *s_anchors, *s_pools, *s_factory, *s_record;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))

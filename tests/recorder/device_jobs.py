@@ -299,6 +299,12 @@ class InOrderGroup(standin.StandinProcessGroup):
         return InOrderWork(InOrderGroup.issued)
 
 
+def _past_the_first_tick() -> None:
+    """A watchdog armed with `poll_s=3600` ticks once as it starts, then not for an hour: wait until that
+    tick is over, even on a loaded machine, before counting what polls did."""
+    time.sleep(2.0)
+
+
 def stream_polling(out: str, name: str) -> None:
     """40 async ops on InOrderGroup registered as backend `name`, polled by hand as the device
     advances, breaks and errs: per poll, the Work queries it took, the ops left polled, their states."""
@@ -314,7 +320,7 @@ def stream_polling(out: str, name: str) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     pg = dist.new_group(backend=name)
     t = torch.ones(4, device="meta")
-    time.sleep(2.0)  # the watchdog's first tick (at its start) is over, even on a loaded machine: its queries are not counted
+    _past_the_first_tick()  # its queries are not counted
     for _ in range(40):
         dist.all_reduce(t, group=pg, async_op=True)
     steps = []
@@ -354,7 +360,7 @@ def poll_soon(out: str, name: str) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     pg = dist.new_group(backend=name)
     t = torch.ones(4, device="meta")
-    time.sleep(2.0)  # the watchdog's first tick (at its start) is over, even on a loaded machine
+    _past_the_first_tick()
     rec.poll_works()
     wake, batches = rec.poll_soon, {}
     for label, plugged in (("unplugged", None), ("armed", wake)):
