@@ -168,6 +168,7 @@ def standin_child(rank: int, world_size: int, store: str, blocks: int, calls: in
     paths: dict[str, tuple[Any, Any]] = {"gloo": (dist.group.WORLD, torch.ones(16))}
     if world_size == 1:
         paths["device"] = (dist.new_group(backend=standin.BACKEND), torch.ones(16, device=standin.DEVICE))
+        paths["gloo_on_standin"] = (standin.gloo_path_group(rec), torch.ones(16))
     unrecorded = Unrecorded(rec.groups.get(pg) for pg, _ in paths.values())
     variants = {}
     for path, (pg, tensor) in paths.items():
@@ -338,6 +339,19 @@ def _paired(blocks: dict[str, list[float]], variant: str, base: str) -> float:
     return statistics.median(_diffs(blocks, variant, base))
 
 
+def _beyond(per_round: list[dict[str, dict[str, Any]]], device: str, gloo: str) -> dict[str, Any]:
+    """What the device path adds beyond the gloo path, both timed on the stand-in's call in one process:
+    per block pair, (device - its base) - (gloo path - its base), so all four blocks share a moment."""
+    per_round_us, pooled = [], []
+    for got in per_round:
+        blocks = got["ws1"]["blocks"]
+        diffs = [d - g for d, g in zip(_diffs(blocks, f"{device}_flightrec", f"{device}_base"),
+                                       _diffs(blocks, f"{gloo}_flightrec", f"{gloo}_base"), strict=True)]
+        per_round_us.append(statistics.median(diffs))
+        pooled += diffs
+    return {"us": statistics.median(per_round_us), "uncertainty_us": _uncertainty(pooled), "per_round_us": per_round_us}
+
+
 def _uncertainty(diffs: list[float]) -> float:
     """Standard error of the median of `diffs`, from their median absolute deviation (robust to the odd
     slow block): what the machine's noise leaves unresolved."""
@@ -378,8 +392,10 @@ def _report_standin(per_round: list[dict[str, dict[str, Any]]], rounds: int, blo
                     json_path: str | None) -> int:
     med = statistics.median
     # (path, world size) -> the children that measured it
-    rows = [("gloo", 1, ["ws1"]), ("gloo", 2, ["ws2 rank 0", "ws2 rank 1"]), ("device", 1, ["ws1"])]
+    rows = [("gloo", 1, ["ws1"]), ("gloo", 2, ["ws2 rank 0", "ws2 rank 1"]), ("gloo_on_standin", 1, ["ws1"]),
+            ("device", 1, ["ws1"])]
     labels = {"gloo": ("no recorder (gloo, CPU tensors)", "flightrec, gloo path"),
+              "gloo_on_standin": ("no recorder (stand-in, CPU tensors)", "flightrec, gloo path on the stand-in"),
               "device": ("no recorder (stand-in backend)", "flightrec, device path (stand-in)")}
     figures: dict[str, Any] = {}
     for path, ws, children in rows:
@@ -420,8 +436,13 @@ def _report_standin(per_round: list[dict[str, dict[str, Any]]], rounds: int, blo
                   f"+- {f['uncertainty_us']:.2f} us{unresolved} (per round: "
                   f"{' '.join(f'{v:+.2f}' for v in f['added_per_round_us'])})")
     extra = {m: figures[f"device_ws1_{m}"]["added_us"] - figures[f"gloo_ws1_{m}"]["added_us"] for m in MODES}
+    same_call = {m: _beyond(per_round, f"device_{m}", f"gloo_on_standin_{m}") for m in MODES}
     print(f"the device path's cost beyond the gloo path's, world 1: {extra['sync']:+.2f} us sync, "
           f"{extra['async']:+.2f} us async (of which the stand-in's own 2 record() calls: ~{2 * record_us:.2f} us)")
+    print("the same, the gloo path timed on the stand-in's call (the same backend call, warm caches: the figure to "
+          "read): " + ", ".join(f"{same_call[m]['us']:+.2f} +- {same_call[m]['uncertainty_us']:.2f} us {m}"
+                                for m in MODES)
+          + " (per round: " + " ".join(f"{v:+.2f}" for m in MODES for v in same_call[m]["per_round_us"]) + ")")
     checks = first["checks"]
     print(f"device path check (round 1): {checks['device_ops']} ops recorded on '{standin.DEVICE}' in the ring, "
           f"{checks['with_device_times']} with device start and end times from {checks['standin_events']} stand-in "
@@ -429,6 +450,7 @@ def _report_standin(per_round: list[dict[str, dict[str, Any]]], rounds: int, blo
           f"{'on' if checks['c_hot_path'] else 'off'}, torch reader {'on' if checks['torch_reader'] else 'off'}")
     _write_json(json_path, {"device": "cpu-standin", "ok": True, "machine": info, "rounds": rounds, "blocks": blocks,
                             "calls_per_block": calls, "figures": figures, "device_minus_gloo_us": extra,
+                            "device_minus_gloo_same_call_us": same_call,
                             "standin_record_us": record_us, "checks": checks,
                             "standin": {"models": standin.WHAT_IT_MODELS, "not_modelled": standin.NOT_MODELLED}})
     return 0

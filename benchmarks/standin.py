@@ -93,6 +93,20 @@ def register() -> None:
         dist.Backend.register_backend(BACKEND, _create, devices=["cpu", DEVICE])
 
 
+def gloo_path_group(recorder: Any) -> Any:
+    """A stand-in group that flightrec files as it files gloo's (a `GroupState`: an op is complete when
+    its call, or its Work's wait, returns), for CPU tensors: flightrec's gloo path timed on the same
+    backend call as its device path, so the two costs differ only by what flightrec does. (Timed on
+    real gloo, the gloo path pays more: its ~100 µs call, on gloo's worker thread, leaves the
+    recorder's cache lines cold; docs/overhead.md.)"""
+    from flightrec.record.groups import GroupState
+
+    pg = dist.new_group(backend=BACKEND)
+    filed = recorder.groups.get(pg)
+    recorder.groups.by_pg[pg] = GroupState(pg, filed.name, filed.desc, "gloo", filed.ranks, filed.rank_in_group)
+    return pg
+
+
 def install_events(recorder: Any) -> Any:
     """Give `recorder` a DeviceTiming whose events are stand-ins (flightrec's own constructor, its
     injectable factory); everything else about it is flightrec's as it is at run time."""

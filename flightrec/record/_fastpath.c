@@ -312,7 +312,7 @@ static ThreadLayout T;
 /* constants shared by every wrapper */
 static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cpu;
 static PyObject *s_python, *s_cpu, *s_empty;
-static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_wait, *s_async_op, *s_is_cuda, *s_cuda;
+static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_async_op, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
 static PyObject *s_poll_soon; /* Recorder.poll_soon: the watchdog's wake */
 /* DeviceTiming's fields read by the C copy of its hot methods (record/device_timing.py) */
@@ -358,11 +358,12 @@ static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out)
 /* What flightrec/record/_torchpeek.cpp hands over, when built for the installed torch (flightrec/record/cpp_reader.py). */
 typedef struct {
     int version;
-    int (*cpu_meta)(PyObject *tensor, int shape_as_tuple, PyObject **out); /* 1 read, 0 not CPU, -1 ask Python */
+    /* 1 read (*device_type: its c10::DeviceType, 0 the CPU), -1 ask Python */
+    int (*tensor_meta)(PyObject *tensor, int shape_as_tuple, PyObject **out, int *device_type);
     long long (*read_seq)(PyObject *reader); /* a SeqReader's counter, or -2: not one, or it failed (call it) */
 } PeekApi;
 
-#define PEEK_API_VERSION 2
+#define PEEK_API_VERSION 3
 
 static const PeekApi *peek;
 
@@ -411,6 +412,7 @@ typedef struct {
     PyObject *async_apis, *api_name, *op_name, *kind;
     /* device ops (NCCL, HCCL): patching._call_on_device's common case */
     PyObject *stream_group_type, *polled, *wait_failed, *device_tail;
+    PyObject *work_wait; /* Work.wait as flightrec found it: a blocking op's own wait needs none of its wrapper */
     PyObject *forced_from, *forced_kwnames; /* the last kwnames given and the same plus "async_op" */
     PyObject *names[NPARAMS], *defaults[NPARAMS];
     Py_ssize_t positions[NPARAMS];
@@ -434,7 +436,7 @@ typedef struct {
     X(dict) X(original) X(slow) X(rec_dict) X(local) X(by_pg) X(pending) X(slots) X(ids) X(world_dict) \
     X(tensor_type) X(by_work) X(work_type) X(async_slot) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
     X(frame_class) X(async_apis) X(api_name) X(op_name) X(kind) X(stream_group_type) X(polled) X(wait_failed) \
-    X(device_tail) X(tls_state) X(site_code) X(site) X(last_pair) X(last_meta) X(step_group) \
+    X(device_tail) X(work_wait) X(tls_state) X(site_code) X(site) X(last_pair) X(last_meta) X(step_group) \
     X(step_api) X(forced_from) X(forced_kwnames)
 
 static inline long long as_ll(PyObject *value, int *ok)
@@ -487,17 +489,38 @@ static PyObject *device_type_of(PyObject *tensor)
     return type;
 }
 
+/* `tensor.device.type` of the torch reader's device type `index` (c10::DeviceType), borrowed: asked of
+ * torch's getters once per type (the name is theirs: "cuda", "meta", torch_npu's "npu"), then kept. */
+#define DEVICE_TYPES 64
+static PyObject *device_names[DEVICE_TYPES];
+
+static PyObject *device_name(PyObject *tensor, int index)
+{
+    if (index <= 0 || index >= DEVICE_TYPES) return NULL;
+    if (device_names[index] == NULL) device_names[index] = device_type_of(tensor); /* held for the process's life */
+    return device_names[index];
+}
+
 /* (shape, dtype) of a tensor (new ref), or NULL with no error set when it is not one. The shape is
  * kept as torch.Size for a lone tensor and as a tuple for a list item, as the Python path does. A
- * tensor on a device (NCCL, HCCL) sets *device to its device type (new ref), read through torch's
- * getters (the torch reader reads CPU tensors only). */
+ * tensor on a device (NCCL, HCCL) sets *device to its device type (new ref). */
 static PyObject *shape_and_dtype(Leaf *self, PyObject *tensor, int shape_as_tuple, PyObject **device)
 {
     PyObject *pair = NULL, *shape = NULL, *dtype = NULL;
     if (peek != NULL) {
-        int read = peek->cpu_meta(tensor, shape_as_tuple, &pair);
-        if (read > 0) return pair;
-        if (read == 0) goto on_device;
+        int device_type = -1;
+        if (peek->tensor_meta(tensor, shape_as_tuple, &pair, &device_type) > 0) {
+            if (device_type == 0) return pair; /* c10::DeviceType::CPU */
+            PyObject *name = device_name(tensor, device_type);
+            if (name != NULL) {
+                Py_INCREF(name);
+                *device = name;
+                return pair;
+            }
+            Py_CLEAR(pair);
+            PyErr_Clear();
+            return NULL;
+        }
     }
     if (!PyObject_TypeCheck(tensor, (PyTypeObject *)self->tensor_type)) return NULL;
     PyObject *is_cpu = PyObject_GetAttr(tensor, s_is_cpu);
@@ -1011,8 +1034,8 @@ static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObj
     set_slot(tls, T.in_leaf, Py_False);
     if (!blocking) return result; /* its end is timed when the training code waits on its Work */
     /* the current stream now waits for the op (its host call returns at once); a blocking op is not
-     * in by_work, so its wait is not timed twice */
-    PyObject *waited = PyObject_CallMethodNoArgs(result, s_wait);
+     * in by_work, so the Work.wait wrapper would only hand it to the wait it wraps: called directly */
+    PyObject *waited = PyObject_CallOneArg(self->work_wait, result);
     if (waited == NULL) { /* told as the Work.wait wrapper tells it (unless its future already failed it) */
         notify_raised(self->wait_failed, entry, result);
         Py_DECREF(result);
@@ -1795,7 +1818,49 @@ static PyObject *recycle_open(PyObject *module, PyObject *args)
     return PyLong_FromSsize_t(dropped);
 }
 
+/* Recorder.in_flight's filter for the watchdog's timeout check: the pending entries among the values
+ * of `tables` (dicts) that were issued before `before_ns`, with no Python frame per op (the tables
+ * hold every device op until the watchdog polls it: a Python walk cost ~0.3 µs per op, each tick).
+ * An entry in two tables is listed twice; a value that is not an Entry goes back to Python (TypeError). */
+static PyObject *issued_before(PyObject *module, PyObject *args)
+{
+    PyObject *tables;
+    long long before_ns;
+    if (!PyArg_ParseTuple(args, "O!L", &PyTuple_Type, &tables, &before_ns)) return NULL;
+    if (entry_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "issued_before before configure()");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(tables); t++) {
+        PyObject *table = PyTuple_GET_ITEM(tables, t);
+        if (!PyDict_Check(table)) {
+            PyErr_SetString(PyExc_TypeError, "issued_before: not a dict");
+            goto fail;
+        }
+        Py_ssize_t pos = 0;
+        PyObject *key, *entry;
+        while (PyDict_Next(table, &pos, &key, &entry)) {
+            if (!PyObject_TypeCheck(entry, entry_type)) {
+                PyErr_SetString(PyExc_TypeError, "issued_before: not an Entry");
+                goto fail;
+            }
+            EntryObject *e = EN(entry);
+            if ((e->state == ENQUEUED || e->state == STARTED) && e->t_enqueue_ns < before_ns
+                && PyList_Append(out, entry) < 0)
+                goto fail;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
+    {"issued_before", issued_before, METH_VARARGS,
+     "issued_before(tables, before_ns) -> pending entries among the tables' values issued before it"},
     {"configure", configure, METH_VARARGS, "configure(Entry, GroupState, ThreadState): learn their slot layout"},
     {"complete_unmeasured", complete_unmeasured, METH_VARARGS,
      "complete_unmeasured(entries, by_work, pending, polled, async_slot): completed, unmeasured, released"},
@@ -1818,7 +1883,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
     INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_poll_soon, "poll_soon") INTERN(s_before, "before")
-    INTERN(s_waited, "waited") INTERN(s_wait, "wait")
+    INTERN(s_waited, "waited")
     INTERN(s_capture_checks, "_capture_checks") INTERN(s_disabled, "disabled") INTERN(s_open, "_open")
     INTERN(s_open_limit, "_open_limit") INTERN(s_anchors, "_anchors") INTERN(s_pools, "_pools")
     INTERN(s_factory, "_factory") INTERN(s_record, "record")

@@ -79,8 +79,10 @@ def _attach_reader() -> None:
 
 
 def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callable[..., Any],
-         record_failure: Callable[[Recorder, tuple[Entry, GroupState], BaseException], None]) -> Callable[..., Any]:
-    """`slow` (the Python wrapper) with the common call done in C; `slow` itself when not available."""
+         record_failure: Callable[[Recorder, tuple[Entry, GroupState], BaseException], None],
+         work_wait: Callable[[Any], Any]) -> Callable[..., Any]:
+    """`slow` (the Python wrapper) with the common call done in C; `slow` itself when not available.
+    `work_wait`: `Work.wait` as flightrec found it (unwrapped), which a blocking device op calls."""
     if not available() or spec.kind == "composite" or rec.settings.stacks:
         return slow  # per-entry stacks are taken by the Python path
     params = tuple((name, spec.positions.get(name, -1), spec.defaults.get(name)) if name else (None, -1, None)
@@ -105,7 +107,7 @@ def leaf(rec: Recorder, spec: OpSpec, original: Callable[..., Any], slow: Callab
         "always_async": int(spec.is_async_api), "has_endpoint": int(bool(spec.root or spec.peer)),
         "params": params,
         "stream_group_type": StreamGroupState, "polled": rec.polled, "poll_soon_at": rec.poll_soon_at, "wait_failed": _wait_failed(rec),
-        "device_tail": device_tail,
+        "device_tail": device_tail, "work_wait": work_wait,
         "has_async": int("async_op" in spec.positions), "async_position": spec.positions.get("async_op", -1),
     }
     return _build(_fastpath.Leaf, config, slow, spec.api)

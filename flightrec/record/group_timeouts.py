@@ -176,6 +176,10 @@ class Limits:
     def seconds(self, group: str) -> float:
         return self.by_group.get(group, self.default_s)
 
+    def shortest_s(self) -> float:
+        """The shortest limit of any group: an op younger than it is in time, whatever its group."""
+        return min(self.default_s, *self.by_group.values()) if self.by_group else self.default_s
+
     def note(self, group: str) -> str:
         """' (flightrec's limit ...)' for a derived limit, '' for the default."""
         why = self.why.get(group)

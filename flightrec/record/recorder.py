@@ -33,6 +33,7 @@ from .stacks import call_site, current_stack
 _monotonic_ns = time.monotonic_ns
 _C_COMPLETE = getattr(c_module(), "complete_unmeasured", None)  # record/native.py: the C fields, when built
 _C_SCAN = getattr(c_module(), "scan_polled", None)
+_C_ISSUED_BEFORE = getattr(c_module(), "issued_before", None)
 _Tensor = torch.Tensor
 _UNSEEN = object()
 _SETTLED = ("completed", "failed")  # entries nothing refers to any more: safe to reuse
@@ -644,12 +645,24 @@ class Recorder:
                 return group
         return None
 
-    def in_flight(self) -> list[Entry]:
+    def in_flight(self, issued_before_ns: int | None = None) -> list[Entry]:
         """Every op not complete yet that a wrapped call recorded: the Python wrapper's are in
         `pending`; the C hot path files a blocking op in no table, its thread's `in_leaf` holds it
         while it runs (one dictionary insert and removal fewer per op), and an async one in
-        `async_slot` or `by_work` once its call returned, in `in_leaf` again while it is waited on."""
-        found = {e.id: e for table in (self.pending, self.by_work, self.polled) for e in list(table.values())}
+        `async_slot` or `by_work` once its call returned, in `in_leaf` again while it is waited on.
+        `issued_before_ns`: only those issued before it (the watchdog's timeout check, each tick: the
+        tables hold every device op until its poll, so they are filtered in C where it is built)."""
+        tables: tuple[dict[Any, Entry], ...] = (self.pending, self.by_work, self.polled)
+        before = issued_before_ns
+        found: dict[int, Entry] = {}
+        if before is not None and _C_ISSUED_BEFORE is not None:
+            try:
+                found = {e.id: e for e in _C_ISSUED_BEFORE(tables, before)}
+                tables = ()
+            except Exception:  # noqa: BLE001 - an entry not of the C layout: the walk below
+                found = {}
+        for table in tables:
+            found.update((e.id, e) for e in list(table.values()))
         slot_entry = self.async_slot.entry if self.async_slot is not None else None  # read once: it changes
         if isinstance(slot_entry, Entry):
             found[slot_entry.id] = slot_entry
@@ -657,7 +670,7 @@ class Recorder:
             entry = getattr(ref(), "in_leaf", None)
             if isinstance(entry, Entry):
                 found[entry.id] = entry
-        return [e for e in found.values() if e.pending]
+        return [e for e in found.values() if e.pending and (before is None or e.t_enqueue_ns < before)]
 
     def threads_in_ops(self) -> dict[int, int]:
         """Thread ident -> id of the op the thread is inside right now (-1: inside one whose entry the

@@ -66,7 +66,8 @@ def leaf_wrapper(rec: Recorder, spec: OpSpec, original: Callable[..., Any]) -> C
         return result
 
     setattr(wrapper, WRAPPED_MARK, original)
-    return fastpath.leaf(rec, spec, original, wrapper, _record_failure)
+    work_wait = c10d.Work.wait
+    return fastpath.leaf(rec, spec, original, wrapper, _record_failure, getattr(work_wait, WRAPPED_MARK, work_wait))
 
 
 def call_on_device(rec: Recorder, spec: OpSpec, original: Callable[..., Any], ctx: tuple[Any, Any],

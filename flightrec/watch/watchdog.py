@@ -291,7 +291,7 @@ class Watchdog:
     def _check_timeouts(self) -> None:
         limits = self.limits
         now = time.monotonic_ns()
-        candidates = self.rec.in_flight()
+        candidates = self.rec.in_flight(issued_before_ns=now - int(limits.shortest_s() * 1e9))  # the rest are in time
         candidates += [e for e in self.rec.cpp_open if e.state == "started"]
         stuck = [e for e in candidates
                  if e.pending and now - e.t_enqueue_ns > limits.seconds(e.group) * 1e9 and e.id not in self._fired]

@@ -42,13 +42,15 @@ def test_startup_benchmark_finds_no_import_by_the_hook() -> None:
     assert all(" s (" in line and "target < " in line for line in timed), timed
 
 
-ROWS = ("no recorder (gloo, CPU tensors)", "flightrec, gloo path", "no recorder (stand-in backend)",
-        "flightrec, device path (stand-in)")
+ROWS = {"no recorder (gloo, CPU tensors)": "gloo", "flightrec, gloo path": "gloo",
+        "no recorder (stand-in, CPU tensors)": "gloo_on_standin", "flightrec, gloo path on the stand-in": "gloo_on_standin",
+        "no recorder (stand-in backend)": "device", "flightrec, device path (stand-in)": "device"}
 
 
 def test_device_path_benchmark_runs_on_cpu_with_its_standin(tmp_path: Path) -> None:
-    """`--device cpu-standin` (quick): no recorder, the gloo path and the device path, each with its ratio to
-    the no-recorder baseline of the same run, and proof that the device path ran on stand-in events."""
+    """`--device cpu-standin` (quick): no recorder, the gloo path (on gloo, and on the stand-in's call) and the
+    device path, each with its ratio to the no-recorder baseline of the same run, the device path's cost
+    beyond the gloo path's on the same call, and proof that the device path ran on stand-in events."""
     out = tmp_path / "standin.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--device", "cpu-standin",
                            "--quick", "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -58,17 +60,18 @@ def test_device_path_benchmark_runs_on_cpu_with_its_standin(tmp_path: Path) -> N
     assert any(line.startswith("stand-in: ") for line in lines) and any(line.startswith("not modelled: ") for line in lines)
     rows: dict[tuple[str, int], list[float]] = {}
     for line in lines:
-        for label in ROWS:
-            if line.startswith(label + " "):
-                world, sync_us, sync_ratio, async_us, async_ratio = line[len(label):].split()
-                rows[(label, int(world))] = [float(sync_us), float(sync_ratio), float(async_us), float(async_ratio)]
-    assert sorted(rows) == sorted([(ROWS[0], 1), (ROWS[1], 1), (ROWS[0], 2), (ROWS[1], 2), (ROWS[2], 1), (ROWS[3], 1)])
-    figures = json.loads(out.read_text())["figures"]
+        label = next((label for label in sorted(ROWS, key=len, reverse=True) if line.startswith(label + " ")), None)
+        if label is not None:
+            world, sync_us, sync_ratio, async_us, async_ratio = line[len(label):].split()
+            rows[(label, int(world))] = [float(sync_us), float(sync_ratio), float(async_us), float(async_ratio)]
+    assert sorted(rows) == sorted([(label, 1) for label in ROWS] + [(label, 2) for label in list(ROWS)[:2]])
+    report = json.loads(out.read_text())
+    figures = report["figures"]
     for (label, world), (sync_us, sync_ratio, async_us, async_ratio) in rows.items():
         if label.startswith("no recorder"):
             assert sync_ratio == async_ratio == 1.0
             continue
-        path = "device" if "device" in label else "gloo"
+        path = ROWS[label]
         for mode, us, ratio in (("sync", sync_us, sync_ratio), ("async", async_us, async_ratio)):
             f = figures[f"{path}_ws{world}_{mode}"]
             assert abs(f["flightrec_us"] - us) < 0.01 and abs(f["ratio"] - ratio) < 0.01
@@ -76,6 +79,12 @@ def test_device_path_benchmark_runs_on_cpu_with_its_standin(tmp_path: Path) -> N
     check = next(line for line in lines if line.startswith("device path check"))
     ops, timed = re.search(r"(\d+) ops recorded on 'meta' in the ring, (\d+) with device start and end times", check).groups()
     assert int(ops) > 0 and int(timed) > 0, check
+    # beyond the gloo path on the same call: per block pair, so not the difference of the two medians above
+    same = report["device_minus_gloo_same_call_us"]
+    line = next(line for line in lines if line.startswith("the same, the gloo path timed on the stand-in's call"))
+    for mode in ("sync", "async"):
+        assert f"{same[mode]['us']:+.2f} +- {same[mode]['uncertainty_us']:.2f} us {mode}" in line
+        assert len(same[mode]["per_round_us"]) == 1 and same[mode]["us"] == same[mode]["per_round_us"][0]
 
 
 def test_sustained_device_benchmark_prints_each_variant(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,27 @@ def test_ring_wraps_in_constant_memory() -> None:
         ring.put(i, i)
     assert sorted(ring.snapshot()) == [6, 7, 8, 9]
     assert ring.recorded == 10 and ring.dropped == 6 and len(ring._slots) == 4
+
+
+def test_ring_counts_what_writers_stored_directly() -> None:
+    """The C hot path fills slots itself (no `put`): `recorded` finds the newest id stored, past ids
+    taken but never stored (a write that failed) and ids taken but not stored yet (a write under way)."""
+    @dataclass
+    class Item:
+        id: int
+
+    ring: Ring[Item] = Ring(8)
+    for _ in range(11):
+        i = ring.next_id()
+        ring.slots[i % 8] = Item(i)
+    assert ring.recorded == 11 and ring.dropped == 3
+    hole = ring.next_id()  # taken, never stored
+    assert ring.recorded == 11
+    i = ring.next_id()
+    ring.slots[i % 8] = Item(i)
+    assert hole == 11 and ring.recorded == 13 and ring.dropped == 5
+    ring.next_id()  # taken, not stored yet
+    assert ring.recorded == 13
 
 
 def test_ring_wrap_in_a_real_job(tmp_path: Path) -> None:
