@@ -7,10 +7,11 @@ come faster than the watchdog's tick, and where it goes (issue 38).
 watchdog catches up in between. Here one process issues `--ops` all_reduces of a `meta` tensor on the
 stand-in backend without a pause (after a warm-up of a fifth as many), the way a loop of tiny
 collectives would on NCCL, and the figure is µs per call. Variants, each in a fresh process, rounds
-alternating: `off` (no recorder), `flightrec` (as `FLIGHTREC=1` arms it, 0.5 s watchdog tick),
-`no_gc` (flightrec, Python's cyclic GC off: what the objects the device path keeps alive until the
+alternating: `off` (no recorder), `flightrec` (as `FLIGHTREC=1` arms it, 0.5 s watchdog tick; the
+stand-in's Works polled in issue order, as NCCL's and HCCL's are: `standin.polled_as_nccl`), `op_by_op`
+(the same, each Work polled on its own, as a custom backend's are), `no_gc` (flightrec, Python's cyclic GC off: what the objects the device path keeps alive until the
 watchdog's next poll cost in collections), `watchdog_asleep` (flightrec, the watchdog ticking once
-an hour and not woken when many ops wait to be polled (`Recorder.poll_soon` unplugged): the training
+an hour and no catch-up when many ops wait to be polled (`Recorder.poll_soon` unplugged): the training
 thread's own share; the ops are never polled, so their records pile up, which costs too). Each line
 gives the cyclic GC's collections per generation during the timed ops.
 """
@@ -26,7 +27,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ("off", "flightrec", "no_gc", "watchdog_asleep")
+VARIANTS = ("off", "flightrec", "op_by_op", "no_gc", "watchdog_asleep")
 
 CHILD = r'''
 import gc, json, os, sys, time
@@ -42,11 +43,13 @@ if variant != "off":
     assert flightrec.enable(dir=os.path.join(work, "dumps"), timeout_s=300, **extra)
     standin.install_events(current().recorder)
     if variant == "watchdog_asleep":
-        current().recorder.poll_soon = None  # not woken by the ops waiting to be polled either
+        current().recorder.poll_soon = None  # no catch-up of the ops waiting to be polled either
 if variant == "no_gc":
     gc.disable()
 dist.init_process_group("gloo", init_method="file://" + os.path.join(work, "store"), rank=0, world_size=1)
 group = dist.new_group(backend=standin.BACKEND)
+if variant not in ("off", "op_by_op"):
+    standin.polled_as_nccl(current().recorder, group)
 tensor = torch.ones(16, device=standin.DEVICE)
 all_reduce = dist.all_reduce
 for _ in range(ops // 5):

@@ -168,6 +168,7 @@ def standin_child(rank: int, world_size: int, store: str, blocks: int, calls: in
     paths: dict[str, tuple[Any, Any]] = {"gloo": (dist.group.WORLD, torch.ones(16))}
     if world_size == 1:
         paths["device"] = (dist.new_group(backend=standin.BACKEND), torch.ones(16, device=standin.DEVICE))
+        standin.polled_as_nccl(rec, paths["device"][0])
         paths["gloo_on_standin"] = (standin.gloo_path_group(rec), torch.ones(16))
     unrecorded = Unrecorded(rec.groups.get(pg) for pg, _ in paths.values())
     variants = {}

@@ -314,7 +314,7 @@ static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cp
 static PyObject *s_python, *s_cpu, *s_empty;
 static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_async_op, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
-static PyObject *s_poll_soon; /* Recorder.poll_soon: the watchdog's wake */
+static PyObject *s_poll_soon; /* Recorder.poll_soon: a catch-up of the polled ops */
 /* DeviceTiming's fields read by the C copy of its hot methods (record/device_timing.py) */
 static PyObject *s_capture_checks, *s_disabled, *s_open, *s_open_limit, *s_anchors, *s_pools, *s_factory, *s_record;
 
@@ -910,7 +910,21 @@ static int capturing(PyObject *d, PyObject *device)
     return yes;
 }
 
-static int timing_before(PyObject *timing, PyObject *entry, PyObject *device)
+/* What `timing_before` left for the op's end: the DeviceTiming's fields and the op's open record
+ * (new refs), so a blocking op places its end event with no second lookup. */
+typedef struct {
+    PyObject *d, *record;
+} Timed;
+
+static void timed_clear(Timed *timed)
+{
+    Py_CLEAR(timed->d);
+    Py_CLEAR(timed->record);
+}
+
+/* 0: done (an open record filed under `key`, the entry's id, unless timing is off or over its limit);
+ * -1: the Python method decides. */
+static int timing_before(PyObject *timing, PyObject *entry, PyObject *device, PyObject *key, Timed *timed)
 {
     PyObject *d = PyObject_GenericGetDict(timing, NULL);
     if (d == NULL) { PyErr_Clear(); return -1; }
@@ -918,7 +932,7 @@ static int timing_before(PyObject *timing, PyObject *entry, PyObject *device)
     PyObject *open = PyDict_GetItemWithError(d, s_open);
     PyObject *limit = PyDict_GetItemWithError(d, s_open_limit);
     PyObject *anchors = PyDict_GetItemWithError(d, s_anchors);
-    if (PyDict_GetItemWithError(d, s_disabled) != Py_False || open == NULL || !PyDict_CheckExact(open)
+    if (key == NULL || PyDict_GetItemWithError(d, s_disabled) != Py_False || open == NULL || !PyDict_CheckExact(open)
         || limit == NULL || !PyLong_CheckExact(limit) || anchors == NULL || !PyDict_CheckExact(anchors)
         || PyDict_GetItemWithError(anchors, device) == NULL || capturing(d, device))
         goto done;
@@ -929,8 +943,7 @@ static int timing_before(PyObject *timing, PyObject *entry, PyObject *device)
     PyObject *start = timing_event(d, device);
     if (start == NULL) goto done;
     PyObject *record = PyList_New(4);
-    PyObject *key = PyLong_FromLongLong(EN(entry)->id);
-    if (record != NULL && key != NULL) {
+    if (record != NULL) {
         Py_INCREF(entry);
         Py_INCREF(device);
         Py_INCREF(Py_None);
@@ -939,15 +952,34 @@ static int timing_before(PyObject *timing, PyObject *entry, PyObject *device)
         PyList_SET_ITEM(record, 2, start);
         PyList_SET_ITEM(record, 3, Py_None);
         start = NULL;
-        if (PyDict_SetItem(open, key, record) == 0) out = 0;
+        if (PyDict_SetItem(open, key, record) == 0) {
+            out = 0;
+            timed->record = record;
+            record = NULL;
+            timed->d = d;
+            Py_INCREF(d);
+        }
     }
     Py_XDECREF(start);
     Py_XDECREF(record);
-    Py_XDECREF(key);
 done:
     PyErr_Clear();
     Py_DECREF(d);
     return out;
+}
+
+/* The end event into an open record, unless it has one. 0 = done, -1 = failed (the Python method decides). */
+static int timing_end(PyObject *d, PyObject *record)
+{
+    if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != 4) return -1;
+    if (PyList_GET_ITEM(record, 3) != Py_None) return 0;
+    PyObject *end = timing_event(d, PyList_GET_ITEM(record, 1));
+    if (end == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyList_SetItem(record, 3, end); /* steals end */
+    return 0;
 }
 
 static int timing_waited(PyObject *timing, PyObject *entry, int since_issue)
@@ -964,15 +996,9 @@ static int timing_waited(PyObject *timing, PyObject *entry, int since_issue)
         goto done;
     }
     if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != 4) goto done;
-    if (PyList_GET_ITEM(record, 3) != Py_None) { out = 0; goto done; }
-    PyObject *device = PyList_GET_ITEM(record, 1);
-    if (since_issue && capturing(d, device)) goto done;
+    if (since_issue && PyList_GET_ITEM(record, 3) == Py_None && capturing(d, PyList_GET_ITEM(record, 1))) goto done;
     Py_INCREF(record);
-    PyObject *end = timing_event(d, device);
-    if (end != NULL) {
-        PyList_SetItem(record, 3, end); /* steals end */
-        out = 0;
-    }
+    out = timing_end(d, record);
     Py_DECREF(record);
 done:
     PyErr_Clear();
@@ -980,8 +1006,9 @@ done:
     return out;
 }
 
-/* Recorder._file_polled's wake: `polled` just reached a multiple of poll_soon_at, so the watchdog
- * polls now rather than at its next tick, before the ring wraps over ops it has not seen complete. */
+/* Recorder._file_polled's call: `polled` just reached a multiple of poll_soon_at, so its ops are polled
+ * now, on this thread (Recorder.catch_up), rather than at the watchdog's next tick, before the ring
+ * wraps over ops not seen complete. An error is left to the tick, which polls too. */
 static void poll_soon(Leaf *self)
 {
     PyObject *wake = PyDict_GetItemWithError(self->rec_dict, s_poll_soon);
@@ -996,12 +1023,10 @@ static void poll_soon(Leaf *self)
  * (Work.is_completed, then Work.exception: a failure is found there) and, for an async op, found by
  * its Work.wait. Its future is not watched: NCCL (and torch_npu's HCCL) complete it with its value
  * as soon as the op is queued, so it can never carry the op's error (record/recorder.py `watch_work`). */
-static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocking)
+static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocking, PyObject *key)
 {
     set_slot(entry, E_(work), work);
-    PyObject *id = PyLong_FromLongLong(EN(entry)->id);
-    if (id == NULL || PyDict_SetItem(self->polled, id, entry) < 0) PyErr_Clear();
-    Py_XDECREF(id);
+    if (key == NULL || PyDict_SetItem(self->polled, key, entry) < 0) PyErr_Clear(); /* key: the entry's id */
     if (self->poll_soon_at > 0 && PyDict_GET_SIZE(self->polled) % self->poll_soon_at == 0) poll_soon(self);
     if (!blocking) { /* its wait (Work.wait) places the end event */
         PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
@@ -1015,7 +1040,8 @@ static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocki
  * Python copy. The thread's in_leaf holds the entry until the op is filed where the watchdog looks
  * (`polled`); a blocking op's wait then runs outside it, as in the Python path. */
 static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObject *group, long long record_id,
-                               long long seq_before, PyObject *result, PyObject *timing, int captured, int blocking)
+                               long long seq_before, PyObject *result, PyObject *timing, int captured, int blocking,
+                               PyObject *key, Timed *timed)
 {
     if (result == NULL) {
         set_slot(tls, T.in_leaf, Py_False);
@@ -1030,7 +1056,7 @@ static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObj
         return out;
     }
     settle_seq(self, entry, group, record_id, seq_before);
-    watch_device(self, entry, result, blocking);
+    watch_device(self, entry, result, blocking, key);
     set_slot(tls, T.in_leaf, Py_False);
     if (!blocking) return result; /* its end is timed when the training code waits on its Work */
     /* the current stream now waits for the op (its host call returns at once); a blocking op is not
@@ -1042,8 +1068,9 @@ static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObj
         return NULL;
     }
     Py_DECREF(waited);
-    /* the end event, with no second capture check: no capture can have begun since the call */
-    if (timing_waited(timing, entry, 0) < 0) {
+    /* the end event, with no second capture check: no capture can have begun since the call; into the
+     * record `timing_before` opened, or as DeviceTiming.waited would where Python opened it */
+    if (timed->record != NULL ? timing_end(timed->d, timed->record) < 0 : timing_waited(timing, entry, 0) < 0) {
         waited = PyObject_CallMethodObjArgs(timing, s_waited, entry, Py_False, NULL);
         Py_XDECREF(waited);
         PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
@@ -1227,14 +1254,20 @@ record:;
     set_slot(tls, T.in_leaf, entry);
     if (timing != NULL) { /* a start event on the current stream, unless it is being captured into a graph */
         int captured = 0;
-        if (timing_before(timing, entry, device) < 0) {
+        Timed timed = {NULL, NULL};
+        PyObject *key = PyLong_FromLongLong(record_id); /* the entry's id: its key in `_open` and `polled` */
+        if (key == NULL) PyErr_Clear();
+        if (timing_before(timing, entry, device, key, &timed) < 0) {
             PyObject *said = PyObject_CallMethodOneArg(timing, s_before, entry);
             captured = said != NULL && PyObject_IsTrue(said) == 1;
             Py_XDECREF(said);
             PyErr_Clear(); /* DeviceTiming.before warns of its own errors */
         }
         PyObject *result = PyObject_Vectorcall(self->original, call_args, call_nargsf, call_kwnames);
-        result = finish_device(self, tls, entry, group, record_id, seq_before, result, timing, captured, blocking);
+        result = finish_device(self, tls, entry, group, record_id, seq_before, result, timing, captured, blocking, key,
+                               &timed);
+        timed_clear(&timed);
+        Py_XDECREF(key);
         Py_DECREF(timing);
         Py_DECREF(device);
         Py_DECREF(group);

@@ -14,7 +14,8 @@ thread only records them (the C hot path does `before` / `waited`'s common case 
 fields below: `_fastpath.c` "device events"; these methods stay the reference). They are read (`query()`, non-blocking, then converted to the host's
 monotonic clock through an anchor event whose host time is known) only when a dump needs them: an
 op's events stay with it while it is in the ring, and go back to the pool unread once the ring has
-dropped it (`recycle`, each watchdog tick), so steady state allocates nothing and reads nothing.
+dropped it (`recycle`: each watchdog tick, and `Recorder.catch_up`), so steady state allocates
+nothing and reads nothing.
 Why not read every op as it completes: on an H200 that cost the watchdog ~9 µs per op with the GIL
 held (a query and two `elapsed_time` calls, ~4 µs of them device calls), more than all the rest of
 the recorder's work per op (docs/overhead.md). Inside a CUDA-graph capture nothing is
@@ -93,8 +94,8 @@ class DeviceTiming:
         self._pool_limit = pool_limit
         self._open_limit = open_limit
         self._keep_unread = keep_unread  # past this many open records (a ring larger than it), the oldest are read
-        # recycle (the watchdog) and resolve (a dump, on any thread) never run at once: an event given
-        # back twice would time two ops. The training thread's before/waited take no lock.
+        # recycle (the watchdog, or a training thread's catch-up) and resolve (a dump, on any thread) never
+        # run at once: an event given back twice would time two ops. The training thread's before/waited take no lock.
         self._reading = threading.Lock()
         self.disabled = False
         self.captured = 0  # device ops issued inside a graph capture: not timed
@@ -176,24 +177,33 @@ class DeviceTiming:
         except Exception as exc:  # noqa: BLE001
             log.warn_once("device-events-end", f"device timing failed ({exc!r})")
 
-    def recycle(self, oldest_kept: int) -> int:
-        """Watchdog side, each tick: the events of ops the ring has dropped (id below `oldest_kept`, or
-        their entry reused for a newer op) go back to the pool unread: no dump can show those times.
+    def recycle(self, oldest_kept: int, wait: bool = True) -> int:
+        """Each watchdog tick (and `Recorder.catch_up`): the events of ops the ring has dropped (id below
+        `oldest_kept`, or their entry reused for a newer op) go back to the pool unread: no dump can show those times.
         Beyond `keep_unread` open records the oldest are read now, so a very large ring keeps its
-        events bounded. Returns how many records were recycled."""
-        with self._reading:
-            recycle_open = _c_recycle()
-            dropped = -1
-            if recycle_open is not None:
-                try:  # the same walk in C: in Python it cost the watchdog ~1 µs per device op, GIL held
-                    dropped = recycle_open(self._open, oldest_kept, self._pools, self._pool_limit)
-                except Exception:  # noqa: BLE001 - a record not of the C layout: the walk below
-                    dropped = -1
-            if dropped < 0:
-                dropped = self._recycle(oldest_kept)
-            surplus = len(self._open) - self._keep_unread
-            if surplus > 0:
-                self._resolve(surplus)
+        events bounded. Returns how many records were recycled. `wait=False` (a training thread's
+        catch-up, `Recorder.catch_up`): nothing, at once, while a dump is reading events."""
+        if not self._reading.acquire(blocking=wait):
+            return 0
+        try:
+            return self._recycle_held(oldest_kept)
+        finally:
+            self._reading.release()
+
+    def _recycle_held(self, oldest_kept: int) -> int:
+        """`recycle`, `_reading` held."""
+        recycle_open = _c_recycle()
+        dropped = -1
+        if recycle_open is not None:
+            try:  # the same walk in C: in Python it cost the watchdog ~1 µs per device op, GIL held
+                dropped = recycle_open(self._open, oldest_kept, self._pools, self._pool_limit)
+            except Exception:  # noqa: BLE001 - a record not of the C layout: the walk below
+                dropped = -1
+        if dropped < 0:
+            dropped = self._recycle(oldest_kept)
+        surplus = len(self._open) - self._keep_unread
+        if surplus > 0:
+            self._resolve(surplus)
         return dropped
 
     def _recycle(self, oldest_kept: int) -> int:

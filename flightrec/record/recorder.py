@@ -117,12 +117,13 @@ class Recorder:
         # Both are polled by the watchdog (Work.is_completed) for ops nobody waits on.
         self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
         self.by_work: dict[int, Entry] = {}  # id(Work) -> CPU op, for the Work.wait wrapper
-        # `polled` reaching a multiple of this wakes the watchdog (`poll_soon`) instead of waiting for its tick:
-        # ops that come faster than the ring per tick are then seen complete before the ring wraps over
-        # them (their slots reused, their Works let go young), which cost the cyclic GC ~8-14 µs per op
-        # otherwise (docs/overhead.md, back-to-back device ops).
+        # `polled` reaching a multiple of this calls `poll_soon` (armed: `catch_up`) instead of waiting for the
+        # watchdog's tick: ops that come faster than the ring per tick are then seen complete before the
+        # ring wraps over them (their slots reused, their Works let go young), which cost the cyclic GC
+        # ~8-14 µs per op otherwise (docs/overhead.md, back-to-back device ops).
         self.poll_soon_at = max(16, min(self.ring.capacity // 2, 1000))
         self.poll_soon: Callable[[], None] | None = None
+        self._catching_up = threading.Lock()  # one poll at a time: `catch_up`, on any thread
         # The C hot path's latest async op not waited on yet (.work, .entry), kept out of by_work:
         # see AsyncSlot in _fastpath.c. None without the C hot path.
         slot_type = c_base("AsyncSlot")
@@ -347,13 +348,13 @@ class Recorder:
             self._file_polled(entry)
 
     def _file_polled(self, entry: Entry) -> None:
-        """Into `polled`; the watchdog woken at each multiple of `poll_soon_at` it reaches (so again if a
-        poll could not keep up), as the C hot path does."""
+        """Into `polled`; `poll_soon` (a catch-up on this thread) called at each multiple of
+        `poll_soon_at` it reaches (so again if a poll could not keep up), as the C hot path does."""
         self.polled[entry.id] = entry
         if len(self.polled) % self.poll_soon_at == 0 and self.poll_soon is not None:
             try:
                 self.poll_soon()
-            except Exception:  # noqa: BLE001 - the tick polls anyway
+            except Exception:  # noqa: BLE001 - the tick polls anyway, and says what failed
                 pass
 
     def _on_device_future(self, entry: Entry, future: Any) -> None:
@@ -421,6 +422,23 @@ class Recorder:
         if slot is not None and slot.work is work:
             return slot.entry
         return self.by_work.get(id(work)) if self.by_work else None
+
+    def catch_up(self, wait: bool = False) -> None:
+        """Poll the ops waiting in `polled` and recycle the events of ops the ring dropped, here and now:
+        the watchdog's tick does (`wait=True`), and so does the training thread whose op brought
+        `polled` to a multiple of `poll_soon_at` (`poll_soon`), at once and without waiting for either
+        lock. Why not wake the watchdog for it: while it waited for the GIL, every release of the GIL
+        by the training thread (two or three per op, in torch's bindings) woke it in vain, and back-to-back
+        device ops cost +12-20 µs each instead of ~+3 (docs/overhead.md); here the same work costs the
+        issuing thread ~0.5 µs per op, GIL held, with no thread switch."""
+        if not self._catching_up.acquire(blocking=wait):
+            return  # another thread is polling them now
+        try:
+            self.poll_works()
+            if self.device_timing.pending:
+                self.device_timing.recycle(self.ring.dropped, wait=wait)  # ids below it have left the ring
+        finally:
+            self._catching_up.release()
 
     def poll_works(self) -> None:
         """Watchdog side: complete entries whose Work finished without telling us."""

@@ -203,9 +203,7 @@ class Watchdog:
         self._handle_failures()
         rec = self.rec
         now = time.monotonic()
-        rec.poll_works()
-        if rec.device_timing.pending:
-            rec.device_timing.recycle(rec.ring.dropped)  # ids below it have left the ring
+        rec.catch_up(wait=True)
         if now >= self._next_discover:
             self._next_discover = now + _DISCOVER_EVERY_S
             rec.groups.discover()

@@ -345,9 +345,9 @@ def stream_polling(out: str, name: str) -> None:
 
 def poll_soon(out: str, name: str) -> None:
     """Ops faster than the watchdog's tick: with the tick an hour away, `poll_soon_at` + 10 blocking ops
-    on a device whose ops end at once, first with the recorder's wake unplugged (the control), then
-    plugged in as armed: how many of each batch the watchdog had completed 1.5 s later (armed: once
-    nothing is left to poll, 10 s at most)."""
+    on a device whose ops end at once, first with the recorder's `poll_soon` unplugged (the control),
+    then plugged in as armed (a catch-up on the issuing thread): how many of each batch were completed
+    1.5 s later (armed: once no more than the last 10 are left to poll, 10 s at most)."""
     import flightrec
     import flightrec.arming as control
     from flightrec.record.device_timing import DeviceTiming
@@ -362,19 +362,27 @@ def poll_soon(out: str, name: str) -> None:
     t = torch.ones(4, device="meta")
     _past_the_first_tick()
     rec.poll_works()
-    wake, batches = rec.poll_soon, {}
+    wake, batches, threads = rec.poll_soon, {}, set()
+
+    def noting_the_thread() -> None:
+        threads.add(threading.current_thread().name)
+        type(rec).poll_works(rec)
+
     for label, plugged in (("unplugged", None), ("armed", wake)):
         rec.poll_soon = plugged
         first = rec.ring.recorded
+        rec.poll_works = noting_the_thread  # type: ignore[method-assign]
         for _ in range(rec.poll_soon_at + 10):
             dist.all_reduce(t, group=pg)
-        deadline = time.monotonic() + (1.5 if plugged is None else 10.0)  # woken, it polls in milliseconds
-        while time.monotonic() < deadline and (plugged is None or rec.polled):
+        del rec.poll_works
+        deadline = time.monotonic() + (1.5 if plugged is None else 10.0)
+        while time.monotonic() < deadline and (plugged is None or len(rec.polled) > 10):
             time.sleep(0.05)
         mine = [e for e in rec.entries() if e.id >= first and e.device == "meta"]
         batches[label] = {"ops": len(mine), "completed": sum(e.state == "completed" for e in mine)}
         rec.poll_works()  # by hand: the next batch starts with nothing left to poll
-    emit(poll_soon_at=rec.poll_soon_at, batches=batches, wake_is_the_watchdogs=wake == control.current().watchdog.wake)
+    emit(poll_soon_at=rec.poll_soon_at, batches=batches, plugged_is_the_catch_up=wake == rec.catch_up,
+         polled_on=sorted(threads))
     dist.destroy_process_group()
     flightrec.disable()
 

@@ -95,7 +95,7 @@ def test_sustained_device_benchmark_prints_each_variant(tmp_path: Path) -> None:
                            "--rounds", "1", "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     figures = json.loads(out.read_text())["figures"]
-    assert list(figures) == ["off", "flightrec", "no_gc", "watchdog_asleep"]
+    assert list(figures) == ["off", "flightrec", "op_by_op", "no_gc", "watchdog_asleep"]
     assert figures["off"]["added_us"] == 0.0
     for variant, f in figures.items():
         assert f"{variant} " in done.stdout and abs(f["added_us"] - (f["us_per_op"] - figures["off"]["us_per_op"])) < 1e-9
