@@ -952,6 +952,9 @@ static int timing_before(PyObject *timing, PyObject *entry, PyObject *device, Py
         PyList_SET_ITEM(record, 2, start);
         PyList_SET_ITEM(record, 3, Py_None);
         start = NULL;
+        /* kept for ~2 ring's worth of ops, so promoted through the GC's generations for nothing: it cannot
+         * be in a cycle (nothing it holds refers back to it) */
+        PyObject_GC_UnTrack(record);
         if (PyDict_SetItem(open, key, record) == 0) {
             out = 0;
             timed->record = record;
