@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+from collections.abc import Callable
 
 from flightrec.record.device_timing import DeviceTiming
 from flightrec.record.entry import Entry
@@ -165,3 +167,37 @@ def test_end_events_mark_the_collective_end_not_the_call_return() -> None:
     # counted as captured, no event made, recorded or queried; done at once (it runs at each replay), so
     # the watchdog never waits on it
     assert (got["captured"], got["events_made"], got["captured_state"], got["pending"]) == (1, 0, "completed", 0), got
+
+
+def test_a_catch_up_on_the_training_thread_never_waits_for_a_lock() -> None:
+    """`Recorder.catch_up` runs on the thread that issued an op (`poll_soon`): while the watchdog polls, or
+    a dump reads device events, it returns at once instead of waiting (the recorder must never stall
+    the training job); the watchdog's own call (`wait=True`) does the work."""
+    from flightrec.record.recorder import Recorder
+    from flightrec.settings import load_settings
+
+    rec = Recorder(load_settings({}))
+    polls: list[str] = []
+    rec.poll_works = lambda: polls.append("polled")  # type: ignore[method-assign]
+    dev = FakeDevice()
+    rec.device_timing = timing = DeviceTiming(factory=dev.event, clock=lambda: 0)
+    entry = _device_entry(0)
+    timing.before(entry)  # one open record, so a catch-up would recycle
+
+    def on_a_training_thread(call: Callable[[], object]) -> None:  # bounded: a wait would be a hang
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(10.0)
+        assert not thread.is_alive(), "the catch-up waited for a lock another thread held"
+
+    with rec._catching_up:  # the watchdog is polling
+        on_a_training_thread(rec.catch_up)
+    assert polls == []
+    with timing._reading:  # a dump is reading events: polled, but not recycled, and not waited for
+        on_a_training_thread(rec.catch_up)
+        on_a_training_thread(lambda: timing.recycle(oldest_kept=10, wait=False))
+        assert timing.pending == 1
+    assert polls == ["polled"]
+    entry.id = 7  # the ring reused the entry for a newer op: its old record's events go back to the pool
+    rec.catch_up(wait=True)
+    assert polls == ["polled", "polled"] and timing.pending == 0
