@@ -428,9 +428,9 @@ class Recorder:
         the watchdog's tick does (`wait=True`), and so does the training thread whose op brought
         `polled` to a multiple of `poll_soon_at` (`poll_soon`), at once and without waiting for either
         lock. Why not wake the watchdog for it: while it waited for the GIL, every release of the GIL
-        by the training thread (two or three per op, in torch's bindings) woke it in vain, and back-to-back
-        device ops cost +12-20 µs each instead of ~+3 (docs/overhead.md); here the same work costs the
-        issuing thread ~0.5 µs per op, GIL held, with no thread switch."""
+        by the training thread (two or three per op, in torch's bindings) woke it in vain: back-to-back
+        device ops cost +13.7 µs each that way, +4.5 this way (docs/overhead.md); here the work costs the
+        issuing thread ~1 µs per op, half of it releasing the Works, GIL held, with no thread switch."""
         if not self._catching_up.acquire(blocking=wait):
             return  # another thread is polling them now
         try:

@@ -243,7 +243,8 @@ def device_ops(out: str) -> None:
         "source": e.source, "device": e.device, "line": None if e.site is None else e.site[0].co_firstlineno,
         "dev_start": e.t_dev_start_ns is not None, "dev_end": e.t_dev_end_ns is not None,
         "completed_at": e.t_complete_ns is not None, "holds_work": e.work is not None} for e in rec.entries()]
-    emit(fast=fastpath.available(), python_device_calls=python_device_calls[0], rows=rows,
+    emit(fast=fastpath.available(), reader=fastpath.uses_torch_reader(), python_device_calls=python_device_calls[0],
+         rows=rows,
          returned=[repr(r) for r in returned], captured=rec.device_timing.captured, open=rec.device_timing.pending,
          tables=[len(rec.pending), len(rec.by_work), len(rec.polled)])
     dist.destroy_process_group()

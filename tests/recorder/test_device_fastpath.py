@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flightrec.record import fastpath
+from flightrec.record import cpp_reader, fastpath
 from flightrec.record.device_timing import torch_capture_check
 from tests.child import command, env_with_root, facts
 
@@ -65,6 +65,8 @@ def test_the_c_hot_path_records_device_ops_as_the_python_wrapper_does(runs: dict
         pytest.skip("the C hot path is off or not built")
     c, py = runs[mode], runs["python"]
     assert c["fast"] and c["python_device_calls"] == 0  # no op took patching.call_on_device
+    # the device tensors were read by the torch reader where it is built, by torch's getters otherwise
+    assert c["reader"] == (mode == "c" and cpp_reader.load() is not None)
     assert len(c["rows"]) == len(py["rows"])
     for ours, reference in zip(c["rows"], py["rows"], strict=True):
         assert ours == reference
