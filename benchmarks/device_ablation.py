@@ -120,19 +120,19 @@ for _ in range(2):
     per_call_us(blocking, 2)
     per_call_us(waited, 2)
 if variant.startswith("no_watchdog"):  # what the watchdog would have done for the warm-up's ops
-    rec.poll_works(); rec.device_timing.resolve()
+    rec.poll_works(); rec.device_timing.resolve(rec.entries())
 wrapped = {}
 watchdog = {}
 for mode, fn in (("sync", blocking), ("async", waited)):
     wrapped[mode] = per_call_us(fn)
     if variant.startswith("no_watchdog"):
         sync_device()
-        pending = rec.device_timing.pending
+        pending = rec.device_timing.unread(rec.entries())
         tables = len(rec.by_work) + len(rec.polled)
         t0 = time.perf_counter_ns()
         rec.poll_works()
         t1 = time.perf_counter_ns()
-        resolved = rec.device_timing.resolve()
+        resolved = rec.device_timing.resolve(rec.entries())
         t2 = time.perf_counter_ns()
         ops = BLOCKS * CALLS
         watchdog[mode] = {"ops": ops, "open_events": pending, "polled_works": tables, "resolved": resolved,

@@ -87,7 +87,7 @@ def settle(entry, limit=10.0):
     while entry.state not in ("completed", "failed") and time.monotonic() - t < limit:
         time.sleep(0.05)
         rec.poll_works()
-    rec.device_timing.resolve()
+    rec.device_timing.resolve(rec.entries())
 
 # host ran ahead: the device is busy ~1 s, the blocking call returns at once
 torch.cuda._sleep(2_000_000_000)

@@ -134,7 +134,7 @@ def _recorder_checks(rec: Any, device: str) -> dict[str, Any]:
     deadline = time.monotonic() + 5.0
     while rec.polled and time.monotonic() < deadline:
         time.sleep(0.05)  # the watchdog completes the ops
-    rec.device_timing.resolve()  # events are read when a dump reads them: as one would here
+    rec.device_timing.resolve(rec.entries())  # events are read when a dump reads them: as one would here
     entries = rec.ring.snapshot()
     on_device = [e for e in entries if e.device == device]
     from flightrec.record import fastpath
@@ -145,7 +145,7 @@ def _recorder_checks(rec: Any, device: str) -> dict[str, Any]:
         "failed": sum(1 for e in entries if e.state == "failed"),
         "cpp_ops": sum(1 for e in entries if e.source == "c++"),
         "timing_disabled": bool(rec.device_timing.disabled),
-        "open_events": rec.device_timing.pending,
+        "open_events": rec.device_timing.unread(entries),
         "c_hot_path": fastpath.available(), "torch_reader": fastpath.uses_torch_reader(),
     }
 

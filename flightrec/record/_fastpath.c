@@ -41,14 +41,15 @@ static int PyFrame_GetLasti(PyFrameObject *frame) { return -1; }
 typedef struct {
     PyObject_HEAD
     long long id, seq, pg_seq, peer, root, unit, t_enqueue_ns, t_complete_ns, t_dev_start_ns, t_dev_end_ns;
+    long long timed_start, timed_end; /* the ids of the ops whose start / end `events` hold (device_timing.py) */
     char is_async;
     char state; /* an index into STATE_NAMES (entry.STATES), read and written as its name */
     PyObject *group, *kind, *op, *api, *reduce_op, *inputs, *outputs, *error, *thread, *site, *stack,
-        *source, *work, *device;
+        *source, *work, *device, *events;
 } EntryObject;
 
 #define ENTRY_OBJECTS(X) X(group) X(kind) X(op) X(api) X(reduce_op) X(inputs) X(outputs) X(error) \
-    X(thread) X(site) X(stack) X(source) X(work) X(device)
+    X(thread) X(site) X(stack) X(source) X(work) X(device) X(events)
 
 /* flightrec/record/entry.py's STATES (tests/recorder/test_recorder_units.py checks they are the same) */
 enum { ENQUEUED, STARTED, COMPLETED, FAILED, UNKNOWN, N_STATES };
@@ -108,6 +109,7 @@ static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     EntryObject *self = entry_alloc(type);
     if (self == NULL) return NULL;
     self->id = self->seq = self->pg_seq = self->peer = self->root = self->unit = -1;
+    self->timed_start = self->timed_end = -1;
     self->t_enqueue_ns = 0;
     self->t_complete_ns = self->t_dev_start_ns = self->t_dev_end_ns = NO_TIME;
     self->state = STARTED;
@@ -141,7 +143,7 @@ static int entry_set_time(EntryObject *self, PyObject *value, void *offset)
 #define OBJECT_MEMBER(field) {#field, T_OBJECT, E_(field), 0, NULL},
 static PyMemberDef entry_members[] = {
     INT_MEMBER(id) INT_MEMBER(seq) INT_MEMBER(pg_seq) INT_MEMBER(peer) INT_MEMBER(root) INT_MEMBER(unit)
-    INT_MEMBER(t_enqueue_ns)
+    INT_MEMBER(t_enqueue_ns) INT_MEMBER(timed_start) INT_MEMBER(timed_end)
     {"is_async", T_BOOL, E_(is_async), 0, NULL},
     ENTRY_OBJECTS(OBJECT_MEMBER)
     {NULL},
@@ -315,8 +317,8 @@ static PyObject *s_python, *s_cpu, *s_empty;
 static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_async_op, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
 static PyObject *s_poll_soon; /* Recorder.poll_soon: a catch-up of the polled ops */
-/* DeviceTiming's fields read by the C copy of its hot methods (record/device_timing.py) */
-static PyObject *s_capture_checks, *s_disabled, *s_open, *s_open_limit, *s_anchors, *s_pools, *s_factory, *s_record;
+/* DeviceTiming's field read by the C copy of its hot methods (record/device_timing.py), and the event's method */
+static PyObject *s_ready, *s_record;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -414,6 +416,7 @@ typedef struct {
     PyObject *stream_group_type, *polled, *wait_failed, *device_tail;
     PyObject *work_wait; /* Work.wait as flightrec found it: a blocking op's own wait needs none of its wrapper */
     PyObject *forced_from, *forced_kwnames; /* the last kwnames given and the same plus "async_op" */
+    PyObject *async_fill; /* the defaults before async_op: ((default,) or None per parameter) */
     PyObject *names[NPARAMS], *defaults[NPARAMS];
     Py_ssize_t positions[NPARAMS];
     Py_ssize_t capacity, site_cache_limit, trust_after, recheck_every, async_position;
@@ -437,7 +440,7 @@ typedef struct {
     X(tensor_type) X(by_work) X(work_type) X(async_slot) X(finish) X(seq_after) X(record_failure) X(on_finish_error) X(site_cache) \
     X(frame_class) X(async_apis) X(api_name) X(op_name) X(kind) X(stream_group_type) X(polled) X(wait_failed) \
     X(device_tail) X(work_wait) X(tls_state) X(site_code) X(site) X(last_pair) X(last_meta) X(step_group) \
-    X(step_api) X(forced_from) X(forced_kwnames)
+    X(step_api) X(forced_from) X(forced_kwnames) X(async_fill)
 
 static inline long long as_ll(PyObject *value, int *ok)
 {
@@ -828,17 +831,35 @@ static PyObject *thread_state(PyObject *local, uint64_t *cached_id, PyObject **c
 #define FORCED_MAX 24 /* arguments a forced-async call may have (positional and keyword) */
 
 /* The arguments of a blocking device call issued async (patching._force_async): `async_op` set to
- * True where it was given, or added as a keyword. 0 = *out filled, -1 = Python path. */
+ * True where it was given; else, for a call with no keywords, passed by position after the defaults
+ * of the parameters before it (`async_fill`, fastpath.py); else added as a keyword. Why by
+ * position: a keyword makes torch's decorators (`*args, **kwargs`) build and copy a dict per call,
+ * ~0.2 µs. 0 = *out and *out_nargs filled, -1 = Python path. */
 static int force_async(Leaf *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out,
-                       PyObject **out_kwnames)
+                       Py_ssize_t *out_nargs, PyObject **out_kwnames)
 {
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs + nkw + 1 > FORCED_MAX) return -1;
+    Py_ssize_t at = self->async_position;
+    if (nargs + nkw + 1 > FORCED_MAX || at + 1 > FORCED_MAX) return -1;
     memcpy(out, args, (size_t)(nargs + nkw) * sizeof(PyObject *));
     *out_kwnames = kwnames;
-    if (self->async_position >= 0 && self->async_position < nargs) {
-        out[self->async_position] = Py_True;
+    *out_nargs = nargs;
+    if (at >= 0 && at < nargs) {
+        out[at] = Py_True;
         return 0;
+    }
+    if (at >= nargs && nkw == 0 && PyTuple_GET_SIZE(self->async_fill) == at) {
+        Py_ssize_t p = nargs;
+        for (; p < at; p++) {
+            PyObject *fill = PyTuple_GET_ITEM(self->async_fill, p);
+            if (!PyTuple_CheckExact(fill) || PyTuple_GET_SIZE(fill) != 1) break; /* no default: as keyword */
+            out[p] = PyTuple_GET_ITEM(fill, 0);
+        }
+        if (p == at) {
+            out[at] = Py_True;
+            *out_nargs = at + 1;
+            return 0;
+        }
     }
     for (Py_ssize_t k = 0; k < nkw; k++) {
         if (str_equal(PyTuple_GET_ITEM(kwnames, k), s_async_op)) {
@@ -869,144 +890,86 @@ static int force_async(Leaf *self, PyObject *const *args, Py_ssize_t nargs, PyOb
 /* ------------------------------------------------------------------ device events */
 
 /* DeviceTiming.before and .waited (record/device_timing.py, the reference) in their common case, with no
- * Python frame: an event from the device's pool (or its factory), recorded on the current stream,
- * filed in `_open`. Anything else (a device seen for the first time, a capture under way, timing
- * disabled, an error) returns -1: the caller then calls the Python method, which handles it. */
-static PyObject *timing_event(PyObject *d, PyObject *device)
-{
-    PyObject *pools = PyDict_GetItemWithError(d, s_pools);
-    PyObject *pool = pools != NULL && PyDict_CheckExact(pools) ? PyDict_GetItemWithError(pools, device) : NULL;
-    PyObject *event = NULL;
-    if (pool != NULL && PyList_CheckExact(pool) && PyList_GET_SIZE(pool) > 0) {
-        Py_ssize_t last = PyList_GET_SIZE(pool) - 1;
-        event = PyList_GET_ITEM(pool, last);
-        Py_INCREF(event);
-        if (PyList_SetSlice(pool, last, last + 1, NULL) < 0) { Py_DECREF(event); return NULL; }
-    } else {
-        PyObject *factory = PyDict_GetItemWithError(d, s_factory);
-        if (factory == NULL) return NULL;
-        event = PyObject_CallOneArg(factory, device);
-        if (event == NULL) return NULL;
-    }
-    PyObject *done = PyObject_CallMethodNoArgs(event, s_record);
-    if (done == NULL) {
-        Py_DECREF(event);
-        return NULL;
-    }
-    Py_DECREF(done);
-    return event;
-}
+ * Python frame: the entry's own events (made by `before` at its first op on the device, kept while the
+ * ring reuses the entry) re-recorded on the current stream and marked with the op's id. Anything else
+ * (a device not in DeviceTiming.ready, an entry without events for it, a capture under way, an error)
+ * returns -1: the caller then calls the Python method, which handles it. */
 
-/* 1: the stream is being captured (or the query failed): the Python method decides; 0: not. */
-static int capturing(PyObject *d, PyObject *device)
-{
-    PyObject *checks = PyDict_GetItemWithError(d, s_capture_checks);
-    PyObject *check = checks != NULL && PyDict_CheckExact(checks) ? PyDict_GetItemWithError(checks, device) : NULL;
-    if (check == NULL) return 1; /* not resolved yet */
-    if (check == Py_None) return 0; /* that device cannot capture */
-    PyObject *said = PyObject_CallNoArgs(check);
-    int yes = said == NULL ? 1 : PyObject_IsTrue(said) != 0;
-    Py_XDECREF(said);
-    return yes;
-}
-
-/* What `timing_before` left for the op's end: the DeviceTiming's fields and the op's open record
- * (new refs), so a blocking op places its end event with no second lookup. */
-typedef struct {
-    PyObject *d, *record;
-} Timed;
-
-static void timed_clear(Timed *timed)
-{
-    Py_CLEAR(timed->d);
-    Py_CLEAR(timed->record);
-}
-
-/* 0: done (an open record filed under `key`, the entry's id, unless timing is off or over its limit);
- * -1: the Python method decides. */
-static int timing_before(PyObject *timing, PyObject *entry, PyObject *device, PyObject *key, Timed *timed)
+/* 0: `device` is in DeviceTiming.ready and its stream is not being captured into a graph; -1: otherwise */
+static int timing_ready(PyObject *timing, PyObject *device)
 {
     PyObject *d = PyObject_GenericGetDict(timing, NULL);
-    if (d == NULL) { PyErr_Clear(); return -1; }
-    int out = -1;
-    PyObject *open = PyDict_GetItemWithError(d, s_open);
-    PyObject *limit = PyDict_GetItemWithError(d, s_open_limit);
-    PyObject *anchors = PyDict_GetItemWithError(d, s_anchors);
-    if (key == NULL || PyDict_GetItemWithError(d, s_disabled) != Py_False || open == NULL || !PyDict_CheckExact(open)
-        || limit == NULL || !PyLong_CheckExact(limit) || anchors == NULL || !PyDict_CheckExact(anchors)
-        || PyDict_GetItemWithError(anchors, device) == NULL || capturing(d, device))
-        goto done;
-    if (PyDict_GET_SIZE(open) >= PyLong_AsSsize_t(limit)) { /* the watchdog is not keeping up: time fewer ops */
-        out = 0;
-        goto done;
-    }
-    PyObject *start = timing_event(d, device);
-    if (start == NULL) goto done;
-    PyObject *record = PyList_New(4);
-    if (record != NULL) {
-        Py_INCREF(entry);
-        Py_INCREF(device);
-        Py_INCREF(Py_None);
-        PyList_SET_ITEM(record, 0, entry);
-        PyList_SET_ITEM(record, 1, device);
-        PyList_SET_ITEM(record, 2, start);
-        PyList_SET_ITEM(record, 3, Py_None);
-        start = NULL;
-        /* kept for ~2 ring's worth of ops, so promoted through the GC's generations for nothing: it cannot
-         * be in a cycle (nothing it holds refers back to it) */
-        PyObject_GC_UnTrack(record);
-        if (PyDict_SetItem(open, key, record) == 0) {
-            out = 0;
-            timed->record = record;
-            record = NULL;
-            timed->d = d;
-            Py_INCREF(d);
-        }
-    }
-    Py_XDECREF(start);
-    Py_XDECREF(record);
-done:
-    PyErr_Clear();
-    Py_DECREF(d);
-    return out;
-}
-
-/* The end event into an open record, unless it has one. 0 = done, -1 = failed (the Python method decides). */
-static int timing_end(PyObject *d, PyObject *record)
-{
-    if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != 4) return -1;
-    if (PyList_GET_ITEM(record, 3) != Py_None) return 0;
-    PyObject *end = timing_event(d, PyList_GET_ITEM(record, 1));
-    if (end == NULL) {
+    if (d == NULL) {
         PyErr_Clear();
         return -1;
     }
-    PyList_SetItem(record, 3, end); /* steals end */
-    return 0;
-}
-
-static int timing_waited(PyObject *timing, PyObject *entry, int since_issue)
-{
-    PyObject *d = PyObject_GenericGetDict(timing, NULL);
-    if (d == NULL) { PyErr_Clear(); return -1; }
+    PyObject *ready = PyDict_GetItemWithError(d, s_ready);
+    PyObject *check = ready != NULL && PyDict_CheckExact(ready) ? PyDict_GetItemWithError(ready, device) : NULL;
     int out = -1;
-    PyObject *open = PyDict_GetItemWithError(d, s_open);
-    PyObject *key = open != NULL && PyDict_CheckExact(open) ? PyLong_FromLongLong(EN(entry)->id) : NULL;
-    PyObject *record = key != NULL ? PyDict_GetItemWithError(open, key) : NULL;
-    Py_XDECREF(key);
-    if (record == NULL) {
-        if (key != NULL && !PyErr_Occurred()) out = 0; /* not timed: nothing to end */
-        goto done;
+    if (check == Py_None) {
+        out = 0; /* that device cannot capture */
+    } else if (check != NULL) {
+        Py_INCREF(check);
+        PyObject *said = PyObject_CallNoArgs(check);
+        out = said != NULL && PyObject_IsTrue(said) == 0 ? 0 : -1;
+        Py_XDECREF(said);
+        Py_DECREF(check);
     }
-    if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != 4) goto done;
-    if (since_issue && PyList_GET_ITEM(record, 3) == Py_None && capturing(d, PyList_GET_ITEM(record, 1))) goto done;
-    Py_INCREF(record);
-    out = timing_end(d, record);
-    Py_DECREF(record);
-done:
     PyErr_Clear();
     Py_DECREF(d);
     return out;
+}
+
+/* The entry's events[index].record(), if they are events of `device`: 0 done, -1 not. */
+static int record_event(EntryObject *e, PyObject *device, int index)
+{
+    PyObject *events = e->events;
+    if (!PyTuple_CheckExact(events) || PyTuple_GET_SIZE(events) != 3) return -1;
+    PyObject *own = PyTuple_GET_ITEM(events, 0);
+    if (own != device && !(PyUnicode_Check(own) && PyUnicode_Check(device) && PyUnicode_Compare(own, device) == 0)) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_INCREF(events); /* record() may run Python code that replaces them */
+    PyObject *done = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(events, index), s_record);
+    Py_DECREF(events);
+    if (done == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_DECREF(done);
+    return 0;
+}
+
+/* DeviceTiming.before's common case: the start event. 0: recorded; -1: the Python method decides. */
+static int timing_start(PyObject *timing, PyObject *entry, PyObject *device)
+{
+    EntryObject *e = EN(entry);
+    if (timing_ready(timing, device) < 0) return -1;
+    if (PyTuple_CheckExact(e->events) && PyTuple_GET_SIZE(e->events) == 0) {
+        e->timed_start = -1; /* an entry past DeviceTiming's cap on events: host times only */
+        return 0;
+    }
+    e->timed_start = e->timed_end = -1; /* what they held is not this op's (a dump checks) */
+    if (record_event(e, device, 1) < 0) return -1;
+    e->timed_start = e->id;
+    return 0;
+}
+
+/* DeviceTiming.waited's common case: the end event, unless the op is not timed or has its end. 0: done;
+ * -1: the Python method decides. `since_issue` 0: right after the call (a blocking op), when no capture
+ * can have begun since its start, so the capture query is not asked again. */
+static int timing_end(PyObject *timing, PyObject *entry, int since_issue)
+{
+    EntryObject *e = EN(entry);
+    if (e->timed_start != e->id || e->timed_end == e->id) return 0;
+    PyObject *events = e->events;
+    if (!PyTuple_CheckExact(events) || PyTuple_GET_SIZE(events) != 3) return -1;
+    PyObject *device = PyTuple_GET_ITEM(events, 0);
+    if (since_issue && timing_ready(timing, device) < 0) return -1;
+    if (record_event(e, device, 2) < 0) return -1;
+    e->timed_end = e->id;
+    return 0;
 }
 
 /* Recorder._file_polled's call: `polled` just reached a multiple of poll_soon_at, so its ops are polled
@@ -1044,7 +1007,7 @@ static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocki
  * (`polled`); a blocking op's wait then runs outside it, as in the Python path. */
 static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObject *group, long long record_id,
                                long long seq_before, PyObject *result, PyObject *timing, int captured, int blocking,
-                               PyObject *key, Timed *timed)
+                               PyObject *key)
 {
     if (result == NULL) {
         set_slot(tls, T.in_leaf, Py_False);
@@ -1071,9 +1034,8 @@ static PyObject *finish_device(Leaf *self, PyObject *tls, PyObject *entry, PyObj
         return NULL;
     }
     Py_DECREF(waited);
-    /* the end event, with no second capture check: no capture can have begun since the call; into the
-     * record `timing_before` opened, or as DeviceTiming.waited would where Python opened it */
-    if (timed->record != NULL ? timing_end(timed->d, timed->record) < 0 : timing_waited(timing, entry, 0) < 0) {
+    /* the end event, with no second capture check: no capture can have begun since the call */
+    if (timing_end(timing, entry, 0) < 0) {
         waited = PyObject_CallMethodObjArgs(timing, s_waited, entry, Py_False, NULL);
         Py_XDECREF(waited);
         PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
@@ -1159,9 +1121,10 @@ static PyObject *leaf_call(PyObject *self_, PyObject *const *args, size_t nargsf
         Py_INCREF(timing);
         blocking = !is_async && self->has_async;
         if (blocking) {
-            if (force_async(self, args, nargs, kwnames, forced, &call_kwnames) < 0) goto slow;
+            Py_ssize_t forced_nargs;
+            if (force_async(self, args, nargs, kwnames, forced, &forced_nargs, &call_kwnames) < 0) goto slow;
             call_args = forced;
-            call_nargsf = (size_t)nargs;
+            call_nargsf = (size_t)forced_nargs;
         }
     } else if (Py_TYPE(group) != group_type) {
         goto slow; /* CPU tensors of a group whose Works complete after their wait: the Python path */
@@ -1257,19 +1220,16 @@ record:;
     set_slot(tls, T.in_leaf, entry);
     if (timing != NULL) { /* a start event on the current stream, unless it is being captured into a graph */
         int captured = 0;
-        Timed timed = {NULL, NULL};
-        PyObject *key = PyLong_FromLongLong(record_id); /* the entry's id: its key in `_open` and `polled` */
+        PyObject *key = PyLong_FromLongLong(record_id); /* the entry's id: its key in `polled` */
         if (key == NULL) PyErr_Clear();
-        if (timing_before(timing, entry, device, key, &timed) < 0) {
+        if (timing_start(timing, entry, device) < 0) {
             PyObject *said = PyObject_CallMethodOneArg(timing, s_before, entry);
             captured = said != NULL && PyObject_IsTrue(said) == 1;
             Py_XDECREF(said);
             PyErr_Clear(); /* DeviceTiming.before warns of its own errors */
         }
         PyObject *result = PyObject_Vectorcall(self->original, call_args, call_nargsf, call_kwnames);
-        result = finish_device(self, tls, entry, group, record_id, seq_before, result, timing, captured, blocking, key,
-                               &timed);
-        timed_clear(&timed);
+        result = finish_device(self, tls, entry, group, record_id, seq_before, result, timing, captured, blocking, key);
         Py_XDECREF(key);
         Py_DECREF(timing);
         Py_DECREF(device);
@@ -1373,6 +1333,10 @@ static int leaf_init(Leaf *self, PyObject *args, PyObject *kwargs)
                          && strncmp(#field, "forced_", 7) && take(config, #field, &self->field) < 0) return -1;
     LEAF_OBJECTS(TAKE)
 #undef TAKE
+    if (!PyTuple_CheckExact(self->async_fill)) {
+        PyErr_SetString(PyExc_TypeError, "Leaf config: async_fill must be a tuple");
+        return -1;
+    }
     Py_ssize_t flag;
     if (take_int(config, "capacity", &self->capacity) < 0 || take_int(config, "site_cache_limit", &self->site_cache_limit) < 0
         || take_int(config, "trust_after", &self->trust_after) < 0 || take_int(config, "recheck_every", &self->recheck_every) < 0
@@ -1524,7 +1488,7 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
         } else {
             PyObject *timing = PyDict_GetItemWithError(self->rec_dict, s_device_timing);
             Py_XINCREF(timing);
-            if (timing != NULL && timing_waited(timing, entry, 1) < 0) {
+            if (timing != NULL && timing_end(timing, entry, 1) < 0) {
                 PyObject *done = PyObject_CallMethodOneArg(timing, s_waited, entry);
                 Py_XDECREF(done);
             }
@@ -1797,61 +1761,25 @@ fail:
     return NULL;
 }
 
-/* DeviceTiming.recycle's walk (record/device_timing.py, the reference): the open records of ops the ring
- * has dropped (id below `oldest_kept`, or their entry reused for a newer op), oldest first, taken
- * out of `open`, their events back to their device's pool (at most `pool_limit` each). Returns how
- * many. The caller holds DeviceTiming._reading. */
-static PyObject *recycle_open(PyObject *module, PyObject *args)
+/* DeviceTiming.resolve's write (record/device_timing.py `_c_store`): the device times read for op
+ * `record_id` into its entry, in one step under the GIL, unless the entry now holds another op or its
+ * events were re-recorded since they were read (a training thread reusing it). True when written. */
+static PyObject *store_device_times(PyObject *module, PyObject *args)
 {
-    PyObject *open, *pools;
-    long long oldest_kept;
-    Py_ssize_t pool_limit;
-    if (!PyArg_ParseTuple(args, "O!LO!n", &PyDict_Type, &open, &oldest_kept, &PyDict_Type, &pools, &pool_limit))
-        return NULL;
-    if (entry_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "recycle_open before configure()");
-        return NULL;
+    PyObject *entry, *end;
+    long long record_id, start_ns, end_ns = NO_TIME;
+    if (!PyArg_ParseTuple(args, "O!LLO", &EntryBaseType, &entry, &record_id, &start_ns, &end)) return NULL;
+    if (end != Py_None) {
+        end_ns = PyLong_AsLongLong(end);
+        if (end_ns == -1 && PyErr_Occurred()) return NULL;
     }
-    PyObject *gone = PyList_New(0);
-    if (gone == NULL) return NULL;
-    Py_ssize_t pos = 0;
-    PyObject *key, *record;
-    while (PyDict_Next(open, &pos, &key, &record)) {
-        if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != 4 || !PyLong_CheckExact(key)
-            || !PyObject_TypeCheck(PyList_GET_ITEM(record, 0), entry_type)) {
-            PyErr_SetString(PyExc_TypeError, "recycle_open: not an open record");
-            Py_DECREF(gone);
-            return NULL;
-        }
-        long long id = PyLong_AsLongLong(key);
-        if (id >= oldest_kept && EN(PyList_GET_ITEM(record, 0))->id == id) break; /* ids are in order */
-        if (PyList_Append(gone, key) < 0) { Py_DECREF(gone); return NULL; }
-    }
-    Py_ssize_t dropped = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gone); i++) {
-        PyObject *k = PyList_GET_ITEM(gone, i);
-        PyObject *rec = PyDict_GetItemWithError(open, k);
-        if (rec == NULL) { PyErr_Clear(); continue; }
-        Py_INCREF(rec);
-        if (PyDict_DelItem(open, k) < 0) { PyErr_Clear(); Py_DECREF(rec); continue; }
-        dropped++;
-        PyObject *device = PyList_GET_ITEM(rec, 1);
-        PyObject *pool = PyDict_GetItemWithError(pools, device);
-        if (pool == NULL && !PyErr_Occurred()) {
-            pool = PyList_New(0);
-            if (pool != NULL && PyDict_SetItem(pools, device, pool) < 0) Py_CLEAR(pool);
-            Py_XDECREF(pool); /* the dict holds it */
-        }
-        if (pool != NULL && PyList_CheckExact(pool) && PyList_GET_SIZE(pool) < pool_limit) {
-            if (PyList_Append(pool, PyList_GET_ITEM(rec, 2)) < 0) PyErr_Clear();
-            PyObject *end = PyList_GET_ITEM(rec, 3);
-            if (end != Py_None && PyList_Append(pool, end) < 0) PyErr_Clear();
-        }
-        PyErr_Clear();
-        Py_DECREF(rec);
-    }
-    Py_DECREF(gone);
-    return PyLong_FromSsize_t(dropped);
+    EntryObject *e = EN(entry);
+    if (start_ns == NO_TIME || e->id != record_id || e->timed_start != record_id
+        || (end_ns != NO_TIME && e->timed_end != record_id))
+        Py_RETURN_FALSE;
+    e->t_dev_start_ns = start_ns;
+    if (end_ns != NO_TIME) e->t_dev_end_ns = end_ns;
+    Py_RETURN_TRUE;
 }
 
 /* Recorder.in_flight's filter for the watchdog's timeout check: the pending entries among the values
@@ -1902,8 +1830,8 @@ static PyMethodDef module_methods[] = {
      "complete_unmeasured(entries, by_work, pending, polled, async_slot): completed, unmeasured, released"},
     {"scan_polled", scan_polled, METH_VARARGS,
      "scan_polled(polled, in_order) -> (stale keys, streams, others, misses): Recorder.poll_works's walk"},
-    {"recycle_open", recycle_open, METH_VARARGS,
-     "recycle_open(open, oldest_kept, pools, pool_limit) -> dropped: DeviceTiming.recycle's walk"},
+    {"store_device_times", store_device_times, METH_VARARGS,
+     "store_device_times(entry, record_id, start_ns, end_ns_or_None) -> written: DeviceTiming.resolve's write"},
     {NULL},
 };
 
@@ -1920,9 +1848,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
     INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_poll_soon, "poll_soon") INTERN(s_before, "before")
     INTERN(s_waited, "waited")
-    INTERN(s_capture_checks, "_capture_checks") INTERN(s_disabled, "disabled") INTERN(s_open, "_open")
-    INTERN(s_open_limit, "_open_limit") INTERN(s_anchors, "_anchors") INTERN(s_pools, "_pools")
-    INTERN(s_factory, "_factory") INTERN(s_record, "record")
+    INTERN(s_ready, "ready") INTERN(s_record, "record")
     INTERN(s_async_op, "async_op") INTERN(s_is_cuda, "is_cuda") INTERN(s_cuda, "cuda")
     for (int i = 0; i < N_STATES; i++) INTERN(STATE_NAMES[i], STATE_TEXT[i])
     if ((empty_tuple = PyTuple_New(0)) == NULL)

@@ -9,25 +9,27 @@ for a blocking call exactly: nothing else is queued between the two). An end eve
 an async call returns would mark nothing: the current stream does not wait for the op until then.
 An op nobody waits on gets a start time only.
 
-Events are torch's device-generic `torch.Event` (CUDA and, with torch_npu, Ascend). The training
-thread only records them (the C hot path does `before` / `waited`'s common case itself, reading the
-fields below: `_fastpath.c` "device events"; these methods stay the reference). They are read (`query()`, non-blocking, then converted to the host's
-monotonic clock through an anchor event whose host time is known) only when a dump needs them: an
-op's events stay with it while it is in the ring, and go back to the pool unread once the ring has
-dropped it (`recycle`: each watchdog tick, and `Recorder.catch_up`), so steady state allocates
-nothing and reads nothing.
+Events are torch's device-generic `torch.Event` (CUDA and, with torch_npu, Ascend). Each ring entry
+keeps its own pair (`Entry.events`, made at its first device op) and re-records them for every op
+the ring reuses it for, marking which op they time (`timed_start` / `timed_end`: that op's id). So
+the training thread only records (the C hot path does `before` / `waited`'s common case itself:
+`_fastpath.c` "device events"; these methods stay the reference), nothing is allocated, filed or
+given back per op, and an op the ring drops takes its events' meaning with it, unread. They are
+read (`query()`, non-blocking, then converted to the host's monotonic clock through an anchor
+event whose host time is known) only when a dump needs them (`resolve`).
 Why not read every op as it completes: on an H200 that cost the watchdog ~9 µs per op with the GIL
 held (a query and two `elapsed_time` calls, ~4 µs of them device calls), more than all the rest of
-the recorder's work per op (docs/overhead.md). Inside a CUDA-graph capture nothing is
-recorded, queried or synchronized (it would break or alter the capture): those ops are counted
-(`captured`) and have no device times.
+the recorder's work per op (docs/overhead.md). Why on the entry: the earlier pool of events, filed
+per op in a dict and given back as the ring dropped ops, cost ~0.8 µs per device op (docs/overhead.md).
+Inside a CUDA-graph capture nothing is recorded, queried or synchronized (it would break or alter
+the capture): those ops are counted (`captured`) and have no device times.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .. import log
@@ -42,6 +44,9 @@ class TimingEvent(Protocol):
 
 
 EventFactory = Callable[[str], TimingEvent]
+# Entries given events at most (two each): a ring up to this size times every device op; a larger one
+# (FLIGHTREC_BUFFER goes up to 10,000,000) the ops of its first this-many entries, so events stay bounded.
+MAX_PAIRS = 65536
 _UNRESOLVED: Any = object()  # a device type whose capture query is not looked up yet
 
 
@@ -80,25 +85,32 @@ class DeviceTiming:
     """Brackets device ops with events and turns them into t_dev_start_ns / t_dev_end_ns."""
 
     def __init__(self, factory: EventFactory = torch_event_factory, clock: Callable[[], int] = time.monotonic_ns,
-                 pool_limit: int = 4096, capturing: Callable[[str], bool] = torch_capturing,
-                 open_limit: int = 65536, keep_unread: int = 8192) -> None:
+                 capturing: Callable[[str], bool] = torch_capturing, max_pairs: int = MAX_PAIRS) -> None:
         self._factory = factory
         self._clock = clock
         self._capturing = capturing
         # device type -> its capture query (None: that device cannot capture), resolved at its first op
         self._capture_checks: dict[str, Callable[[], bool] | None] = {}
-        self._pools: dict[str, list[TimingEvent]] = {}
         self._anchors: dict[str, tuple[TimingEvent, int]] = {}
-        # entry id -> [entry, device, start event, end event or None]: the end is set in place
-        self._open: dict[int, list[Any]] = {}
-        self._pool_limit = pool_limit
-        self._open_limit = open_limit
-        self._keep_unread = keep_unread  # past this many open records (a ring larger than it), the oldest are read
-        # recycle (the watchdog, or a training thread's catch-up) and resolve (a dump, on any thread) never
-        # run at once: an event given back twice would time two ops. The training thread's before/waited take no lock.
+        # device type -> its capture query, for devices whose anchor is placed while timing is on: what
+        # the C hot path reads to record an op's events itself (any other case takes `before`)
+        self.ready: dict[str, Callable[[], bool] | None] = {}
+        self._disabled = False
+        self._max_pairs = max_pairs
+        self.pairs = 0  # entries given a pair of events
+        # two dumps (on any threads) never read at once; the training thread's before/waited take no lock
         self._reading = threading.Lock()
-        self.disabled = False
         self.captured = 0  # device ops issued inside a graph capture: not timed
+
+    @property
+    def disabled(self) -> bool:
+        return self._disabled
+
+    @disabled.setter
+    def disabled(self, value: bool) -> None:
+        self._disabled = bool(value)
+        if value:
+            self.ready.clear()  # the C hot path then hands every op to `before`, which records nothing
 
     def _capture_check(self, device: str) -> Callable[[], bool] | None:
         """`device`'s capture query, looked up at its first op (the hot path reads `_capture_checks`)."""
@@ -123,15 +135,13 @@ class DeviceTiming:
         return anchor
 
     def before(self, entry: Entry) -> bool:
-        """The op is about to be issued: a start event on the current stream. True when the current
-        stream is being captured into a graph: then nothing is recorded (the op runs at each replay)."""
+        """The op is about to be issued: its entry's start event on the current stream. True when the
+        current stream is being captured into a graph: then nothing is recorded (the op runs at each replay)."""
         device = entry.device
         if device == "cpu":
             return False  # an op of a late-completing backend on CPU tensors: no device to time
         try:
-            check = self._capture_checks.get(device, _UNRESOLVED)
-            if check is _UNRESOLVED:
-                check = self._capture_check(device)
+            check = self._capture_check(device)
             if check is not None and check():
                 self.captured += 1
                 return True
@@ -139,17 +149,27 @@ class DeviceTiming:
             self.disabled = True
             log.warn_once("device-capture", f"cannot tell graph captures ({exc!r}); recording host times only")
             return False
-        if self.disabled:
+        if self._disabled:
             return False
         try:
-            if len(self._open) >= self._open_limit:
-                return False  # the watchdog is not keeping up (or no device progress): time fewer ops, never grow
             if device not in self._anchors:
                 self._anchor(device)
-            pool = self._pools.get(device)
-            start = pool.pop() if pool else self._factory(device)
-            start.record()
-            self._open[entry.id] = [entry, device, start, None]
+            events = entry.events
+            if events == ():
+                return False  # an entry past the cap on events: host times only (the C hot path knows it too)
+            if events is None or events[0] != device:  # the entry's first op on this device
+                if self.pairs >= self._max_pairs:
+                    entry.events = ()
+                    log.warn_once("device-events-cap", f"device times for the ops of {self._max_pairs} ring entries "
+                                  "only (a larger FLIGHTREC_BUFFER): the others record host times")
+                    return False
+                events = entry.events = (device, self._factory(device), self._factory(device))
+                self.pairs += 1
+            entry.timed_start = entry.timed_end = -1  # what they held is not this op's (a dump checks)
+            events[1].record()
+            entry.timed_start = entry.id
+            if not self._disabled:
+                self.ready[device] = check
         except Exception as exc:  # noqa: BLE001 - no device events here: host times only
             self.disabled = True
             log.warn_once("device-events", f"device timing unavailable ({exc!r}); recording host times only")
@@ -159,123 +179,77 @@ class DeviceTiming:
         """The current stream now waits for the op (its Work was waited on): the end event goes here.
         `since_issue=False`: right after the call itself (a blocking op), when no capture can have begun
         since `before` looked, so the capture check (a device call per op) is not repeated."""
-        opened = self._open.get(entry.id)
-        if opened is None or opened[3] is not None:
-            return
+        if entry.timed_start != entry.id or entry.timed_end == entry.id:
+            return  # not timed (captured, timing off), or its end is placed already
         try:
-            device = opened[1]
+            device, _, end = entry.events
             if since_issue:
-                check = self._capture_checks.get(device, _UNRESOLVED)
-                if check is _UNRESOLVED:
-                    check = self._capture_check(device)
+                check = self._capture_check(device)
                 if check is not None and check():
                     return  # a capture began since: the start alone is read
-            pool = self._pools.get(device)
-            end = pool.pop() if pool else self._factory(device)
             end.record()
-            opened[3] = end
+            entry.timed_end = entry.id
         except Exception as exc:  # noqa: BLE001
             log.warn_once("device-events-end", f"device timing failed ({exc!r})")
 
-    def recycle(self, oldest_kept: int, wait: bool = True) -> int:
-        """Each watchdog tick (and `Recorder.catch_up`): the events of ops the ring has dropped (id below
-        `oldest_kept`, or their entry reused for a newer op) go back to the pool unread: no dump can show those times.
-        Beyond `keep_unread` open records the oldest are read now, so a very large ring keeps its
-        events bounded. Returns how many records were recycled. `wait=False` (a training thread's
-        catch-up, `Recorder.catch_up`): nothing, at once, while a dump is reading events."""
-        if not self._reading.acquire(blocking=wait):
-            return 0
-        try:
-            return self._recycle_held(oldest_kept)
-        finally:
-            self._reading.release()
-
-    def _recycle_held(self, oldest_kept: int) -> int:
-        """`recycle`, `_reading` held."""
-        recycle_open = _c_recycle()
-        dropped = -1
-        if recycle_open is not None:
-            try:  # the same walk in C: in Python it cost the watchdog ~1 µs per device op, GIL held
-                dropped = recycle_open(self._open, oldest_kept, self._pools, self._pool_limit)
-            except Exception:  # noqa: BLE001 - a record not of the C layout: the walk below
-                dropped = -1
-        if dropped < 0:
-            dropped = self._recycle(oldest_kept)
-        surplus = len(self._open) - self._keep_unread
-        if surplus > 0:
-            self._resolve(surplus)
-        return dropped
-
-    def _recycle(self, oldest_kept: int) -> int:
-        """`recycle`'s walk in Python (`_fastpath.recycle_open` where built); `_reading` held."""
-        dropped = 0
-        for record_id, record in list(self._open.items()):  # a copy: training threads add records meanwhile
-            if record_id >= oldest_kept and record[0].id == record_id:
-                break  # ids are issued in order: everything after this one is in the ring too
-            if self._open.pop(record_id, None) is not None:
-                self._give_back(record[1], record[2], record[3])
-                dropped += 1
-        return dropped
-
-    def _give_back(self, device: str, start: TimingEvent, end: TimingEvent | None) -> None:
-        pool = self._pools.setdefault(device, [])
-        if len(pool) < self._pool_limit:
-            pool.append(start)
-            if end is not None:
-                pool.append(end)
-
-    def resolve(self) -> int:
-        """Fill the times of ops whose events have happened (a dump calls it; never blocks). An op that
-        settled without an end event (nobody waited on it) gets its start time only."""
-        with self._reading:
-            return self._resolve(None)
-
-    def _resolve(self, limit: int | None) -> int:
-        """`resolve`, looking at no more than `limit` of the oldest open records; `_reading` held."""
+    def resolve(self, entries: Iterable[Entry]) -> int:
+        """Fill the device times of `entries` (what a dump shows) whose events have happened; never
+        blocks. An op that settled without an end event (nobody waited on it) gets its start time only;
+        its end is read by a later dump if its caller still places it. Returns how many were filled."""
         resolved = 0
-        records = list(self._open.items())
-        for record_id, (entry, device, start, end) in records if limit is None else records[:limit]:
-            if entry.id != record_id:  # the ring reused its entry for a newer op: nothing to fill
-                if self._open.pop(record_id, None) is not None:
-                    self._give_back(device, start, end)
-                continue
-            try:
-                if end is None:
-                    if entry.state not in SETTLED or not start.query():
-                        continue  # still being issued, running, or waited on later
-                elif not end.query():
+        store = _c_store()
+        with self._reading:
+            for entry in entries:
+                record_id = entry.id
+                if entry.timed_start != record_id or entry.t_dev_end_ns is not None:
+                    continue  # not timed, timed for an older op, or read
+                ended = entry.timed_end == record_id
+                if not ended and entry.t_dev_start_ns is not None:
+                    continue  # its start is read; no end placed (yet)
+                try:
+                    device, start, end = entry.events
+                    if ended:
+                        if not end.query():
+                            continue  # still running
+                    elif entry.state not in SETTLED or not start.query():
+                        continue  # still being issued, or running
+                    anchor, anchor_ns = self._anchors[device]
+                    start_ns = anchor_ns + int(anchor.elapsed_time(start) * 1e6)
+                    end_ns = anchor_ns + int(anchor.elapsed_time(end) * 1e6) if ended else None
+                except Exception as exc:  # noqa: BLE001
+                    log.warn_once("device-events-read", f"could not read device events ({exc!r})")
                     continue
-                anchor, anchor_ns = self._anchors[device]
-                first_read = entry.t_dev_start_ns is None
-                entry.t_dev_start_ns = anchor_ns + int(anchor.elapsed_time(start) * 1e6)
-                if end is not None:
-                    entry.t_dev_end_ns = anchor_ns + int(anchor.elapsed_time(end) * 1e6)
-                elif first_read and _end_may_follow(entry):
-                    continue  # its start is read; the record stays open (once) for the end its caller places
-            except Exception as exc:  # noqa: BLE001
-                log.warn_once("device-events-read", f"could not read device events ({exc!r})")
-            if self._open.pop(record_id, None) is not None:
-                self._give_back(device, start, end)
-            resolved += 1
+                # the training thread may have reused the entry (re-recording its events) meanwhile
+                if store(entry, record_id, start_ns, end_ns):
+                    resolved += 1
         return resolved
 
-    @property
-    def pending(self) -> int:
-        return len(self._open)
+    @staticmethod
+    def unread(entries: Iterable[Entry]) -> int:
+        """How many of `entries` hold events recorded for their op that no dump has read in full yet."""
+        return sum(1 for e in entries if e.timed_start == e.id and e.t_dev_end_ns is None
+                   and (e.t_dev_start_ns is None or e.timed_end == e.id))
 
 
 SETTLED = frozenset(("completed", "failed"))
 
 
-def _c_recycle() -> Callable[..., int] | None:
-    """`_fastpath.recycle_open` where the extension is built (record/native.py), else None."""
+def _store_in_python(entry: Entry, record_id: int, start_ns: int, end_ns: int | None) -> bool:
+    """`_fastpath.store_device_times` without the extension (no C hot path: no writer in C either)."""
+    if entry.id != record_id or entry.timed_start != record_id or (end_ns is not None and entry.timed_end != record_id):
+        return False
+    entry.t_dev_start_ns = start_ns
+    if end_ns is not None:
+        entry.t_dev_end_ns = end_ns
+    return True
+
+
+def _c_store() -> Callable[[Entry, int, int, int | None], bool]:
+    """What writes the times read for op `record_id` into its entry, unless the entry now holds another
+    op or its events were re-recorded since: `_fastpath.store_device_times` where the extension is built
+    (record/native.py), the check and the writes in one step under the GIL, so a training thread
+    reusing the entry cannot come in between."""
     from .native import c_module
 
-    return getattr(c_module(), "recycle_open", None)
+    return getattr(c_module(), "store_device_times", None) or _store_in_python
 
-
-def _end_may_follow(entry: Entry) -> bool:
-    """A blocking device op that completed before its call returned: the call places the end event
-    right after its wait (`waited(since_issue=False)`), so a dump reading now, on another thread, keeps
-    the record open until the next read. A failed or async op gets no end unless someone waits."""
-    return entry.state == "completed" and not entry.is_async

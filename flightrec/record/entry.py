@@ -34,6 +34,7 @@ class _PyStorage:
         "id", "group", "seq", "pg_seq", "kind", "op", "api", "peer", "root", "reduce_op",
         "inputs", "outputs", "is_async", "unit", "state", "error", "t_enqueue_ns", "t_complete_ns",
         "t_dev_start_ns", "t_dev_end_ns", "thread", "site", "stack", "source", "work", "device",
+        "events", "timed_start", "timed_end",
     )
 
 
@@ -47,6 +48,10 @@ class Entry(_Storage):  # type: ignore[misc, valid-type]
     __slots__ = ()
 
     def __init__(self, record_id: int, group: str, kind: str, op: str, api: str) -> None:
+        # a device op's start/end events (device, start, end), kept when the ring reuses the entry
+        # (record/device_timing.py), and the ids of the ops whose start / end they hold now
+        self.events: tuple[str, Any, Any] | None = None
+        self.timed_start = self.timed_end = -1
         self.reset(record_id, group, kind, op, api)
 
     def reset(self, record_id: int, group: str, kind: str, op: str, api: str) -> None:

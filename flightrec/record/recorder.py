@@ -424,19 +424,16 @@ class Recorder:
         return self.by_work.get(id(work)) if self.by_work else None
 
     def catch_up(self, wait: bool = False) -> None:
-        """Poll the ops waiting in `polled` and recycle the events of ops the ring dropped, here and now:
-        the watchdog's tick does (`wait=True`), and so does the training thread whose op brought
-        `polled` to a multiple of `poll_soon_at` (`poll_soon`), at once and without waiting for either
-        lock. Why not wake the watchdog for it: while it waited for the GIL, every release of the GIL
-        by the training thread (two or three per op, in torch's bindings) woke it in vain: back-to-back
-        device ops cost +13.7 µs each that way, +4.5 this way (docs/overhead.md); here the work costs the
-        issuing thread ~1 µs per op, half of it releasing the Works, GIL held, with no thread switch."""
+        """Poll the ops waiting in `polled`, here and now: the watchdog's tick does (`wait=True`), and so
+        does the training thread whose op brought `polled` to a multiple of `poll_soon_at` (`poll_soon`),
+        at once and without waiting for the lock. Why not wake the watchdog for it: while it waited for
+        the GIL, every release of the GIL by the training thread (two or three per op, in torch's
+        bindings) woke it in vain: back-to-back device ops cost +13.7 µs each that way, +4.5 this way
+        (docs/overhead.md), GIL held, with no thread switch."""
         if not self._catching_up.acquire(blocking=wait):
             return  # another thread is polling them now
         try:
             self.poll_works()
-            if self.device_timing.pending:
-                self.device_timing.recycle(self.ring.dropped, wait=wait)  # ids below it have left the ring
         finally:
             self._catching_up.release()
 

@@ -98,7 +98,6 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     analyzer times) but no thread stacks. `recovered`: the watchdog's records of stalls that ended."""
     rank, world_size = process_rank()
     rec.poll_works()
-    rec.device_timing.resolve()
     rec.groups.discover()
     rec.scan_cpp_ops()
     entries = rec.entries()
@@ -109,6 +108,7 @@ def build_dump(rec: Recorder, reason: str, detail: str | None = None, brief: boo
     lost = [e for e in rec.in_flight() if e.id not in kept]  # pushed out of the ring while still running
     if lost:
         entries = sorted(lost + entries, key=lambda e: e.id)
+    rec.device_timing.resolve(entries)
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
     hang = reason in torch_recorder.HANG_REASONS  # carries PyTorch's recorder entries too (torch_recorder.summary)
     fr = torch_recorder.read(include_entries=hang or any(e.source == "c++" for e in entries))

@@ -207,7 +207,7 @@ def device_ops(out: str) -> None:
 
     sys.setprofile(count)
     returned: list[Any] = []
-    returned.append(dist.all_reduce(t, ReduceOp.SUM, pg))  # blocking: forced async (keyword added)
+    returned.append(dist.all_reduce(t, ReduceOp.SUM, pg))  # blocking: forced async (True added by position)
     returned.append(dist.all_reduce(t, group=pg))
     returned.append(dist.all_reduce(t, ReduceOp.MAX, pg, False))  # async_op=False given positionally
     returned.append(dist.all_reduce(t, group=pg, async_op=False))  # and as a keyword
@@ -235,7 +235,7 @@ def device_ops(out: str) -> None:
     deadline = time.monotonic() + 10
     while rec.polled and time.monotonic() < deadline:
         time.sleep(0.05)  # the watchdog polls the Works
-    rec.device_timing.resolve()  # as a dump does: events are read only then
+    rec.device_timing.resolve(rec.entries())  # as a dump does: events are read only then
     rows = [{
         "seq": e.seq, "pg_seq": e.pg_seq, "peer": e.peer, "root": e.root, "unit": e.unit, "is_async": e.is_async,
         "state": e.state, "group": e.group, "kind": e.kind, "op": e.op, "api": e.api, "reduce_op": str(e.reduce_op),
@@ -245,7 +245,7 @@ def device_ops(out: str) -> None:
         "completed_at": e.t_complete_ns is not None, "holds_work": e.work is not None} for e in rec.entries()]
     emit(fast=fastpath.available(), reader=fastpath.uses_torch_reader(), python_device_calls=python_device_calls[0],
          rows=rows,
-         returned=[repr(r) for r in returned], captured=rec.device_timing.captured, open=rec.device_timing.pending,
+         returned=[repr(r) for r in returned], captured=rec.device_timing.captured, open=rec.device_timing.unread(rec.entries()),
          tables=[len(rec.pending), len(rec.by_work), len(rec.polled)])
     dist.destroy_process_group()
     flightrec.disable()
@@ -423,7 +423,7 @@ def wrapper_brackets() -> None:
     wrapped(DeviceTensor())
     dist.all_reduce(torch.ones(2))
     dev.now_ms = 1.0
-    rec.device_timing.resolve()
+    rec.device_timing.resolve(rec.entries())
     device_entry, cpu_entry = rec.entries()
     emit(calls=calls, device=device_entry.device, device_end=device_entry.t_dev_end_ns is not None,
          cpu_dev_start=cpu_entry.t_dev_start_ns)
@@ -521,7 +521,7 @@ def stream_ends() -> None:
     for w in works:
         w.done = True
     rec.poll_works()
-    rec.device_timing.resolve()
+    rec.device_timing.resolve(rec.entries())
     _, b, c = [e for e in rec.entries() if e.device == "cuda"]
 
     def ms(t: int | None) -> float | None:

@@ -31,7 +31,7 @@ def test_times_resolve_lazily_and_map_to_the_host_clock() -> None:
     first = _device_entry(0)  # the first device op also places the anchor (host time known)
     timing.before(first)
     timing.waited(first)
-    timing.resolve()
+    timing.resolve([first])
     assert first.t_dev_start_ns == first.t_dev_end_ns == 1_000_000_000
     entry = _device_entry(1)
     dev.queue_ms = 5.0  # the device is busy: this op starts 5 ms after the anchor
@@ -39,24 +39,34 @@ def test_times_resolve_lazily_and_map_to_the_host_clock() -> None:
     dev.queue_ms = 12.0  # and ends 7 ms later
     timing.waited(entry)
     dev.now_ms = 10.0
-    assert timing.resolve() == 0 and entry.t_dev_end_ns is None  # not run yet: no blocking, no guess
+    assert timing.resolve([first, entry]) == 0 and entry.t_dev_end_ns is None  # not run yet: no blocking, no guess
+    assert timing.unread([first, entry]) == 1
     dev.now_ms = 12.0
-    assert timing.resolve() == 1
+    assert timing.resolve([first, entry]) == 1
     assert entry.t_dev_start_ns == 1_000_000_000 + 5_000_000
     assert entry.t_dev_end_ns == 1_000_000_000 + 12_000_000
-    assert timing.pending == 0
+    assert timing.unread([first, entry]) == 0
 
 
-def test_events_come_from_a_pool() -> None:
+def test_an_entry_the_ring_reuses_reuses_its_events() -> None:
+    """Each ring entry keeps one pair of events and re-records them for each op it holds: steady state
+    makes no event, and nothing is filed or given back per op."""
     dev = FakeDevice()
     timing = DeviceTiming(factory=dev.event, clock=lambda: 0)
+    entry = _device_entry(0)
     for i in range(50):
-        entry = _device_entry(i)
+        entry.reset(i, "0", "coll", "all_reduce", "all_reduce")
+        entry.device = "cuda"
         timing.before(entry)
         timing.waited(entry)
         dev.now_ms = dev.queue_ms
-        timing.resolve()
-    assert dev.created <= 3  # the anchor and one start/end pair, reused
+        entry.state = "completed"
+        assert timing.resolve([entry]) == 1 and entry.t_dev_end_ns is not None
+    assert dev.created == 3  # the anchor and the entry's start/end pair
+    other = _device_entry(50)
+    other.device = "npu"  # an entry moved to another device's ops gets that device's events
+    timing.before(other)
+    assert dev.created == 3 + 3 and other.events[0] == "npu"
 
 
 class CountingEvent(FakeEvent):
@@ -71,17 +81,12 @@ class CountingEvent(FakeEvent):
         return super().elapsed_time(end)
 
 
-def test_events_of_ops_the_ring_dropped_go_back_unread() -> None:
-    """The watchdog reads no event per op: only a dump does (resolve); the ring's dropped ops give
-    their events back unread, and a ring larger than `keep_unread` has its oldest read."""
+def test_events_are_read_by_a_dump_only_and_never_as_another_ops_times() -> None:
+    """The watchdog reads no event per op: only a dump does (resolve). An entry the ring reused holds
+    its new op's events: the old op's are gone unread, and the new op's are not read as the old one's.
+    A reuse while a dump is reading (the training thread runs between its reads) writes nothing."""
     dev = FakeDevice()
-    made: list[CountingEvent] = []
-
-    def event(device: str) -> CountingEvent:
-        made.append(CountingEvent(dev))
-        return made[-1]
-
-    timing = DeviceTiming(factory=event, clock=lambda: 0, keep_unread=7)
+    timing = DeviceTiming(factory=lambda device: CountingEvent(dev), clock=lambda: 0)
     entries = [_device_entry(i) for i in range(10)]
     for entry in entries:
         timing.before(entry)
@@ -89,30 +94,34 @@ def test_events_of_ops_the_ring_dropped_go_back_unread() -> None:
         entry.state = "completed"
     dev.now_ms = dev.queue_ms
     CountingEvent.reads = 0
-    assert timing.recycle(oldest_kept=3) == 3  # ids 0-2 left the ring: recycled unread
-    assert CountingEvent.reads == 0 and timing.pending == 7
-    assert all(e.t_dev_start_ns is None for e in entries)
-    entries[3].id = 13  # the ring reused id 3's entry for a newer op: its events are not its own now
-    assert timing.recycle(oldest_kept=3) == 1 and timing.pending == 6 and CountingEvent.reads == 0
-    timing._keep_unread = 4  # a ring larger than the cap: the oldest two over it are read now
-    timing.recycle(oldest_kept=3)
-    assert timing.pending == 4 and [e.t_dev_start_ns is not None for e in entries[4:]] == [True] * 2 + [False] * 4
-    assert timing.resolve() == 4 and timing.pending == 0  # a dump reads the rest
-    assert all(e.t_dev_end_ns is not None for e in entries[4:]) and entries[3].t_dev_start_ns is None
-    before = len(made)
-    for i in range(10, 15):  # the pool serves the next ops: nothing new is made
-        entry = _device_entry(i)
-        timing.before(entry)
-        timing.waited(entry, since_issue=False)
-    assert len(made) == before
+    reused = entries[3]
+    reused.reset(13, "0", "coll", "all_reduce", "all_reduce")  # the ring reused id 3's entry for a newer op
+    reused.device = "cuda"
+    assert CountingEvent.reads == 0 and timing.unread(entries) == 9
+    assert timing.resolve(entries) == 9 and timing.unread(entries) == 0  # id 13 has no events of its own yet
+    assert reused.t_dev_start_ns is None and CountingEvent.reads > 0
+    timing.before(reused)
+    timing.waited(reused, since_issue=False)
+    reused.state = "completed"
+
+    class ReusedWhileRead(CountingEvent):
+        def elapsed_time(self, end: FakeEvent) -> float:
+            reused.reset(23, "0", "coll", "all_reduce", "all_reduce")  # the training thread, mid-read
+            return super().elapsed_time(end)
+
+    anchor, at = timing._anchors["cuda"]
+    timing._anchors["cuda"] = (ReusedWhileRead(dev), at)
+    assert timing.resolve([reused]) == 0
+    assert reused.id == 23 and reused.t_dev_start_ns is None and reused.t_dev_end_ns is None
+    timing._anchors["cuda"] = (anchor, at)
 
 
 def test_a_dump_between_a_blocking_ops_completion_and_its_end_event_keeps_the_end() -> None:
-    """A blocking op completes (its future, on the watchdog) before its call places the end event; a
-    dump reading in that gap takes the start and leaves the record open, so the end still arrives.
-    A failed op, or an async one nobody waited on, closes at once with its start alone."""
+    """A blocking op completes (its Work, polled by the watchdog) before its call places the end event; a
+    dump reading in that gap takes the start, and a later dump still reads the end. A failed op, or
+    an async one nobody waited on, has its start alone; nothing is read twice."""
     dev = FakeDevice()
-    timing = DeviceTiming(factory=dev.event, clock=lambda: 0)
+    timing = DeviceTiming(factory=lambda device: CountingEvent(dev), clock=lambda: 0)
     blocking, failed, unwaited = _device_entry(0), _device_entry(1), _device_entry(2)
     unwaited.is_async = True
     for entry in (blocking, failed, unwaited):
@@ -120,17 +129,35 @@ def test_a_dump_between_a_blocking_ops_completion_and_its_end_event_keeps_the_en
     blocking.state = unwaited.state = "completed"
     failed.state = "failed"
     dev.now_ms = dev.queue_ms
-    assert timing.resolve() == 2 and timing.pending == 1  # a failure dump reads, on another thread
+    ops = [blocking, failed, unwaited]
+    assert timing.resolve(ops) == 3 and timing.unread(ops) == 0  # a failure dump reads, on another thread
     assert blocking.t_dev_start_ns is not None and blocking.t_dev_end_ns is None
+    reads = CountingEvent.reads
+    assert timing.resolve(ops) == 0 and CountingEvent.reads == reads
     timing.waited(blocking, since_issue=False)  # the call's wait returned: its end goes on the stream
-    assert timing.resolve() == 1 and timing.pending == 0
-    assert blocking.t_dev_end_ns is not None
-    lost = _device_entry(3)  # a blocking op whose end never comes: kept for one read only, never leaked
-    timing.before(lost)
-    lost.state = "completed"
-    timing.resolve()
-    timing.resolve()
-    assert timing.pending == 0 and lost.t_dev_start_ns is not None and lost.t_dev_end_ns is None
+    assert timing.unread(ops) == 1 and timing.resolve(ops) == 1 and timing.unread(ops) == 0
+    assert blocking.t_dev_end_ns is not None and failed.t_dev_end_ns is None and unwaited.t_dev_end_ns is None
+
+
+def test_the_times_are_written_only_for_the_op_the_events_timed() -> None:
+    """`store_device_times` (C where built) and its Python twin agree: no write once the entry holds
+    another op, or its events were re-recorded, or the end read is not this op's."""
+    from flightrec.record import device_timing
+
+    stores = {device_timing._store_in_python}
+    stores.add(device_timing._c_store())
+    for store in stores:
+        entry = _device_entry(5)
+        entry.timed_start = entry.timed_end = 5
+        assert store(entry, 5, 10, 20) and (entry.t_dev_start_ns, entry.t_dev_end_ns) == (10, 20)
+        entry.t_dev_start_ns = entry.t_dev_end_ns = None
+        entry.timed_end = -1  # the end event is being re-recorded
+        assert not store(entry, 5, 10, 20) and entry.t_dev_start_ns is None
+        assert store(entry, 5, 10, None) and (entry.t_dev_start_ns, entry.t_dev_end_ns) == (10, None)
+        entry.t_dev_start_ns = None
+        entry.id = 6  # reused by the ring
+        assert not store(entry, 5, 10, None) and entry.t_dev_start_ns is None
+    assert len(stores) == 2 or os.environ.get("FLIGHTREC_FASTPATH") == "0"
 
 
 def test_no_device_events_means_host_times_only() -> None:
@@ -141,7 +168,8 @@ def test_no_device_events_means_host_times_only() -> None:
     entry = _device_entry(0)
     timing.before(entry)
     timing.waited(entry)
-    assert timing.disabled and timing.pending == 0 and entry.t_dev_start_ns is None
+    assert timing.disabled and timing.unread([entry]) == 0 and entry.t_dev_start_ns is None
+    assert not timing.ready  # the C hot path hands every op to `before`, which records nothing
 
 
 def test_the_wrapper_brackets_device_ops_only() -> None:
@@ -170,19 +198,16 @@ def test_end_events_mark_the_collective_end_not_the_call_return() -> None:
 
 
 def test_a_catch_up_on_the_training_thread_never_waits_for_a_lock() -> None:
-    """`Recorder.catch_up` runs on the thread that issued an op (`poll_soon`): while the watchdog polls, or
-    a dump reads device events, it returns at once instead of waiting (the recorder must never stall
-    the training job); the watchdog's own call (`wait=True`) does the work."""
+    """`Recorder.catch_up` runs on the thread that issued an op (`poll_soon`): while the watchdog polls
+    it returns at once instead of waiting (the recorder must never stall the training job); the
+    watchdog's own call (`wait=True`) does the work. A dump reading device events does not hold it up:
+    the catch-up does not touch them."""
     from flightrec.record.recorder import Recorder
     from flightrec.settings import load_settings
 
     rec = Recorder(load_settings({}))
     polls: list[str] = []
     rec.poll_works = lambda: polls.append("polled")  # type: ignore[method-assign]
-    dev = FakeDevice()
-    rec.device_timing = timing = DeviceTiming(factory=dev.event, clock=lambda: 0)
-    entry = _device_entry(0)
-    timing.before(entry)  # one open record, so a catch-up would recycle
 
     def on_a_training_thread(call: Callable[[], object]) -> None:  # bounded: a wait would be a hang
         thread = threading.Thread(target=call, daemon=True)
@@ -193,11 +218,28 @@ def test_a_catch_up_on_the_training_thread_never_waits_for_a_lock() -> None:
     with rec._catching_up:  # the watchdog is polling
         on_a_training_thread(rec.catch_up)
     assert polls == []
-    with timing._reading:  # a dump is reading events: polled, but not recycled, and not waited for
+    with rec.device_timing._reading:  # a dump is reading events
         on_a_training_thread(rec.catch_up)
-        on_a_training_thread(lambda: timing.recycle(oldest_kept=10, wait=False))
-        assert timing.pending == 1
     assert polls == ["polled"]
-    entry.id = 7  # the ring reused the entry for a newer op: its old record's events go back to the pool
     rec.catch_up(wait=True)
-    assert polls == ["polled", "polled"] and timing.pending == 0
+    assert polls == ["polled", "polled"]
+
+
+def test_events_stay_bounded_in_a_very_large_ring() -> None:
+    """Past `max_pairs` entries with events (a FLIGHTREC_BUFFER larger than that), an entry gets none:
+    its ops record host times only, with no event made, and the entries that have events go on."""
+    dev = FakeDevice()
+    timing = DeviceTiming(factory=dev.event, clock=lambda: 0, max_pairs=2)
+    entries = [_device_entry(i) for i in range(4)]
+    for entry in entries:
+        timing.before(entry)
+        timing.waited(entry, since_issue=False)
+        entry.state = "completed"
+    assert dev.created == 1 + 2 * 2 and timing.pairs == 2  # the anchor and two pairs
+    assert [e.timed_start == e.id for e in entries] == [True, True, False, False] and entries[3].events == ()
+    dev.now_ms = dev.queue_ms
+    assert timing.resolve(entries) == 2
+    entries[0].reset(4, "0", "coll", "all_reduce", "all_reduce")
+    entries[0].device = "cuda"
+    timing.before(entries[0])  # the ring reuses an entry that has events: timed, nothing made
+    assert entries[0].timed_start == 4 and dev.created == 5
