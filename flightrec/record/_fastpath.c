@@ -316,7 +316,7 @@ static PyObject *s_active, *s_state, *s_default_pg, *s_shape, *s_dtype, *s_is_cp
 static PyObject *s_python, *s_cpu, *s_empty;
 static PyObject *s_device, *s_type, *s_device_timing, *s_before, *s_waited, *s_async_op, *s_is_cuda, *s_cuda;
 static PyObject *empty_tuple;
-static PyObject *s_poll_soon; /* Recorder.poll_soon: a catch-up of the polled ops */
+static PyObject *s_poll_soon, *s_poll_due; /* Recorder.poll_soon (a catch-up of the polled ops) and when */
 /* DeviceTiming's field read by the C copy of its hot methods (record/device_timing.py), and the event's method */
 static PyObject *s_ready, *s_record;
 
@@ -420,7 +420,7 @@ typedef struct {
     PyObject *names[NPARAMS], *defaults[NPARAMS];
     Py_ssize_t positions[NPARAMS];
     Py_ssize_t capacity, site_cache_limit, trust_after, recheck_every, async_position;
-    Py_ssize_t poll_soon_at; /* Recorder.poll_soon_at: `polled` reaching each multiple of it wakes the watchdog */
+    Py_ssize_t poll_soon_at; /* Recorder.poll_soon_at: the ids between catch-ups of `polled` (poll_soon) */
     int is_coll, is_send, always_async, has_endpoint, has_async, enabled;
     /* one-entry caches for the common case of one training thread calling from one place */
     uint64_t tls_id;      /* PyThreadState_GetID of tls_state: unique per thread state, never reused */
@@ -972,11 +972,32 @@ static int timing_end(PyObject *timing, PyObject *entry, int since_issue)
     return 0;
 }
 
-/* Recorder._file_polled's call: `polled` just reached a multiple of poll_soon_at, so its ops are polled
- * now, on this thread (Recorder.catch_up), rather than at the watchdog's next tick, before the ring
- * wraps over ops not seen complete. An error is left to the tick, which polls too. */
-static void poll_soon(Leaf *self)
+/* Recorder._file_polled's rule: the op with id `record_id` just went into `polled`. When it is the only one
+ * there, the catch-up falls due poll_soon_at ids later (Recorder.poll_due); when it is past that, its ops
+ * are polled now, on this thread (Recorder.catch_up), rather than at the watchdog's next tick, before
+ * the ring wraps over ops not seen complete, and the next is due poll_soon_at ids later. Counted in ids,
+ * not in ops filed: the ring also turns for the other ops (a CPU group's) in between. An error is left
+ * to the tick, which polls too. */
+static void poll_soon(Leaf *self, long long record_id)
 {
+    if (self->poll_soon_at <= 0) return;
+    int first = PyDict_GET_SIZE(self->polled) == 1;
+    if (!first) {
+        PyObject *due = PyDict_GetItemWithError(self->rec_dict, s_poll_due);
+        int ok = 1;
+        if (due == NULL || (as_ll(due, &ok) > record_id && ok)) {
+            PyErr_Clear();
+            return;
+        }
+    }
+    PyObject *next = PyLong_FromLongLong(record_id + self->poll_soon_at);
+    if (next == NULL || PyDict_SetItem(self->rec_dict, s_poll_due, next) < 0) {
+        Py_XDECREF(next);
+        PyErr_Clear();
+        return;
+    }
+    Py_DECREF(next);
+    if (first) return;
     PyObject *wake = PyDict_GetItemWithError(self->rec_dict, s_poll_soon);
     if (wake != NULL && wake != Py_None) {
         PyObject *done = PyObject_CallNoArgs(wake);
@@ -987,18 +1008,26 @@ static void poll_soon(Leaf *self)
 
 /* Recorder.watch_work's device case: the Work kept on the entry, the entry polled by the watchdog
  * (Work.is_completed, then Work.exception: a failure is found there) and, for an async op, found by
- * its Work.wait. Its future is not watched: NCCL (and torch_npu's HCCL) complete it with its value
- * as soon as the op is queued, so it can never carry the op's error (record/recorder.py `watch_work`). */
+ * its Work.wait: in the async slot when it is free (as a CPU op's: the common `work = ...(async_op=True);
+ * work.wait()` then needs no dict), else in by_work. Its future is not watched: NCCL (and torch_npu's
+ * HCCL) complete it with its value as soon as the op is queued, so it can never carry the op's error
+ * (record/recorder.py `watch_work`). */
 static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocking, PyObject *key)
 {
     set_slot(entry, E_(work), work);
     if (key == NULL || PyDict_SetItem(self->polled, key, entry) < 0) PyErr_Clear(); /* key: the entry's id */
-    if (self->poll_soon_at > 0 && PyDict_GET_SIZE(self->polled) % self->poll_soon_at == 0) poll_soon(self);
     if (!blocking) { /* its wait (Work.wait) places the end event */
-        PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
-        if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
-        Py_XDECREF(key);
+        AsyncSlot *slot = (AsyncSlot *)self->async_slot;
+        if (slot->work == Py_None) {
+            set_slot(self->async_slot, offsetof(AsyncSlot, work), work);
+            set_slot(self->async_slot, offsetof(AsyncSlot, entry), entry);
+        } else {
+            PyObject *by = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
+            if (by == NULL || PyDict_SetItem(self->by_work, by, entry) < 0) PyErr_Clear();
+            Py_XDECREF(by);
+        }
     }
+    poll_soon(self, EN(entry)->id);
 }
 
 /* patching._call_on_device after the call, for the C hot path's device op (`result` stolen). The
@@ -1494,9 +1523,13 @@ static PyObject *wait_call(PyObject *self_, PyObject *const *args, size_t nargsf
             }
             Py_XDECREF(timing);
             PyErr_Clear(); /* DeviceTiming.waited warns of its own errors */
-            if (key == NULL) key = PyLong_FromVoidPtr(work); /* the slot holds CPU ops only */
-            if (key == NULL || PyDict_GET_SIZE(self->by_work) == 0 || PyDict_DelItem(self->by_work, key) < 0)
-                PyErr_Clear(); /* its future, or the watchdog's poll of `polled`, completes it */
+            if (slot->entry == entry) { /* its poll (`polled`) completes it */
+                slot_empty(slot);
+            } else {
+                if (key == NULL) key = PyLong_FromVoidPtr(work);
+                if (key == NULL || PyDict_GET_SIZE(self->by_work) == 0 || PyDict_DelItem(self->by_work, key) < 0)
+                    PyErr_Clear();
+            }
         }
         Py_DECREF(entry);
         Py_XDECREF(key);
@@ -1846,7 +1879,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_active, "active") INTERN(s_state, "state") INTERN(s_default_pg, "_default_pg")
     INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_is_cpu, "is_cpu")
     INTERN(s_python, "python") INTERN(s_cpu, "cpu") INTERN(s_empty, "")
-    INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_poll_soon, "poll_soon") INTERN(s_before, "before")
+    INTERN(s_device, "device") INTERN(s_type, "type") INTERN(s_device_timing, "device_timing") INTERN(s_poll_soon, "poll_soon") INTERN(s_poll_due, "poll_due") INTERN(s_before, "before")
     INTERN(s_waited, "waited")
     INTERN(s_ready, "ready") INTERN(s_record, "record")
     INTERN(s_async_op, "async_op") INTERN(s_is_cuda, "is_cuda") INTERN(s_cuda, "cuda")

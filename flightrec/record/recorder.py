@@ -117,12 +117,13 @@ class Recorder:
         # Both are polled by the watchdog (Work.is_completed) for ops nobody waits on.
         self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
         self.by_work: dict[int, Entry] = {}  # id(Work) -> CPU op, for the Work.wait wrapper
-        # `polled` reaching a multiple of this calls `poll_soon` (armed: `catch_up`) instead of waiting for the
-        # watchdog's tick: ops that come faster than the ring per tick are then seen complete before the
-        # ring wraps over them (their slots reused, their Works let go young), which cost the cyclic GC
-        # ~8-14 µs per op otherwise (docs/overhead.md, back-to-back device ops).
+        # An op filed in `polled` this many ids after the oldest there calls `poll_soon` (armed: `catch_up`)
+        # instead of waiting for the watchdog's tick (`_file_polled`): ops that come faster than the ring
+        # per tick are then seen complete before the ring wraps over them (their slots and events reused,
+        # their Works let go young), which cost ~8-14 µs per op otherwise (docs/overhead.md).
         self.poll_soon_at = max(16, min(self.ring.capacity // 2, 1000))
         self.poll_soon: Callable[[], None] | None = None
+        self.poll_due = 0  # the id from which a filed op calls `poll_soon` (the C hot path keeps it too)
         self._catching_up = threading.Lock()  # one poll at a time: `catch_up`, on any thread
         # The C hot path's latest async op not waited on yet (.work, .entry), kept out of by_work:
         # see AsyncSlot in _fastpath.c. None without the C hot path.
@@ -348,10 +349,15 @@ class Recorder:
             self._file_polled(entry)
 
     def _file_polled(self, entry: Entry) -> None:
-        """Into `polled`; `poll_soon` (a catch-up on this thread) called at each multiple of
-        `poll_soon_at` it reaches (so again if a poll could not keep up), as the C hot path does."""
+        """Into `polled`. The only op there sets when a catch-up falls due: `poll_soon_at` ids later,
+        counted in ids, as the ring turns for every op, a CPU group's too; an op filed at or past it
+        calls `poll_soon` (a catch-up on this thread), and the next falls due `poll_soon_at` ids later
+        (so again if a poll could not keep up). The C hot path does the same (`_fastpath.c` poll_soon)."""
         self.polled[entry.id] = entry
-        if len(self.polled) % self.poll_soon_at == 0 and self.poll_soon is not None:
+        if len(self.polled) > 1 and entry.id < self.poll_due:
+            return
+        self.poll_due = entry.id + self.poll_soon_at
+        if len(self.polled) > 1 and self.poll_soon is not None:
             try:
                 self.poll_soon()
             except Exception:  # noqa: BLE001 - the tick polls anyway, and says what failed
@@ -377,7 +383,10 @@ class Recorder:
         """The training code waited on a device op's Work: its host call returns at once, the current
         stream now waits for the op. Time its end there; completion stays the Work's (polled)."""
         self.device_timing.waited(entry)
-        self.by_work.pop(id(work), None)  # its future (or the watchdog's poll of `polled`) completes it
+        self.by_work.pop(id(work), None)  # the watchdog's poll of `polled` completes it
+        slot = self.async_slot
+        if slot is not None and slot.work is work:  # where the C hot path files it when free
+            slot.release(entry)
 
     def on_wait_returned(self, entry: Entry, work: Any) -> None:
         """The training code's `work.wait()` returned: the op is done (CPU backends)."""
@@ -446,8 +455,8 @@ class Recorder:
             work = entry.work
             if work is None or work is not slot.work or not entry.pending:
                 slot.release(entry)
-            else:
-                self._poll_one(entry, work, done)
+            elif entry.device == "cpu":
+                self._poll_one(entry, work, done)  # a device op there is polled with `polled`, in its stream
         for key, entry in list(self.by_work.items()):
             work = entry.work
             if work is None or not entry.pending:

@@ -348,7 +348,9 @@ def poll_soon(out: str, name: str) -> None:
     """Ops faster than the watchdog's tick: with the tick an hour away, `poll_soon_at` + 10 blocking ops
     on a device whose ops end at once, first with the recorder's `poll_soon` unplugged (the control),
     then plugged in as armed (a catch-up on the issuing thread): how many of each batch were completed
-    1.5 s later (armed: once no more than the last 10 are left to poll, 10 s at most)."""
+    1.5 s later (armed: once no more than the last 10 are left to poll, 10 s at most). Then `mixed`:
+    half as many device ops, each followed by two ops of a CPU group (as a job with a gloo group
+    beside NCCL's), which turn the ring while `polled` never holds `poll_soon_at` ops."""
     import flightrec
     import flightrec.arming as control
     from flightrec.record.device_timing import DeviceTiming
@@ -369,15 +371,19 @@ def poll_soon(out: str, name: str) -> None:
         threads.add(threading.current_thread().name)
         type(rec).poll_works(rec)
 
-    for label, plugged in (("unplugged", None), ("armed", wake)):
+    cpu = torch.ones(2)
+    for label, plugged in (("unplugged", None), ("armed", wake), ("mixed", wake)):
         rec.poll_soon = plugged
         first = rec.ring.recorded
         rec.poll_works = noting_the_thread  # type: ignore[method-assign]
-        for _ in range(rec.poll_soon_at + 10):
+        for _ in range(rec.poll_soon_at // 2 + 10 if label == "mixed" else rec.poll_soon_at + 10):
             dist.all_reduce(t, group=pg)
+            if label == "mixed":
+                dist.all_reduce(cpu)
+                dist.all_reduce(cpu)
         del rec.poll_works
-        deadline = time.monotonic() + (1.5 if plugged is None else 10.0)
-        while time.monotonic() < deadline and (plugged is None or len(rec.polled) > 10):
+        deadline = time.monotonic() + (10.0 if label == "armed" else 1.5)
+        while time.monotonic() < deadline and (label != "armed" or len(rec.polled) > 10):
             time.sleep(0.05)
         mine = [e for e in rec.entries() if e.id >= first and e.device == "meta"]
         batches[label] = {"ops": len(mine), "completed": sum(e.state == "completed" for e in mine)}
