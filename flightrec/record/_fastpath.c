@@ -1016,6 +1016,7 @@ static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocki
 {
     set_slot(entry, E_(work), work);
     if (key == NULL || PyDict_SetItem(self->polled, key, entry) < 0) PyErr_Clear(); /* key: the entry's id */
+    poll_soon(self, EN(entry)->id); /* first: a catch-up now must not take this op from its caller's wait */
     if (!blocking) { /* its wait (Work.wait) places the end event */
         AsyncSlot *slot = (AsyncSlot *)self->async_slot;
         if (slot->work == Py_None) {
@@ -1027,7 +1028,6 @@ static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocki
             Py_XDECREF(by);
         }
     }
-    poll_soon(self, EN(entry)->id);
 }
 
 /* patching._call_on_device after the call, for the C hot path's device op (`result` stolen). The
