@@ -44,8 +44,8 @@ class TimingEvent(Protocol):
 
 
 EventFactory = Callable[[str], TimingEvent]
-# Entries given events at most (two each): a ring up to this size times every device op; a larger one
-# (FLIGHTREC_BUFFER goes up to 10,000,000) the ops of its first this-many entries, so events stay bounded.
+# Ring slots whose entries get events (two each): a ring up to this size times every device op; a larger
+# one (FLIGHTREC_BUFFER goes up to 10,000,000) the ops in its first this-many slots, so events stay bounded.
 MAX_PAIRS = 65536
 _UNRESOLVED: Any = object()  # a device type whose capture query is not looked up yet
 
@@ -85,7 +85,8 @@ class DeviceTiming:
     """Brackets device ops with events and turns them into t_dev_start_ns / t_dev_end_ns."""
 
     def __init__(self, factory: EventFactory = torch_event_factory, clock: Callable[[], int] = time.monotonic_ns,
-                 capturing: Callable[[str], bool] = torch_capturing, max_pairs: int = MAX_PAIRS) -> None:
+                 capturing: Callable[[str], bool] = torch_capturing, ring_capacity: int = 0,
+                 max_pairs: int = MAX_PAIRS) -> None:
         self._factory = factory
         self._clock = clock
         self._capturing = capturing
@@ -96,8 +97,10 @@ class DeviceTiming:
         # the C hot path reads to record an op's events itself (any other case takes `before`)
         self.ready: dict[str, Callable[[], bool] | None] = {}
         self._disabled = False
-        self._max_pairs = max_pairs
-        self.pairs = 0  # entries given a pair of events
+        # a ring larger than max_pairs: the entries of its slots from max_pairs on get no events (0: not capped)
+        self._capped_from = max_pairs if ring_capacity > max_pairs else 0
+        self._ring_capacity = ring_capacity
+        self.pairs = 0  # pairs of events made
         # two dumps (on any threads) never read at once; the training thread's before/waited take no lock
         self._reading = threading.Lock()
         self.captured = 0  # device ops issued inside a graph capture: not timed
@@ -158,10 +161,10 @@ class DeviceTiming:
             if events == ():
                 return False  # an entry past the cap on events: host times only (the C hot path knows it too)
             if events is None or events[0] != device:  # the entry's first op on this device
-                if self.pairs >= self._max_pairs:
-                    entry.events = ()
-                    log.warn_once("device-events-cap", f"device times for the ops of {self._max_pairs} ring entries "
-                                  "only (a larger FLIGHTREC_BUFFER): the others record host times")
+                if self._capped_from and entry.id % self._ring_capacity >= self._capped_from:
+                    entry.events = ()  # its slot's: kept when the ring reuses it
+                    log.warn_once("device-events-cap", f"device times for the ops in {self._capped_from} of the "
+                                  f"ring's {self._ring_capacity} slots only (FLIGHTREC_BUFFER): the others record host times")
                     return False
                 events = entry.events = (device, self._factory(device), self._factory(device))
                 self.pairs += 1

@@ -135,7 +135,7 @@ class Recorder:
         self.active = True
         self.cpp_open: list[Entry] = []  # C++ ops whose completion is not known yet
         self.cpp_failed: list[Entry] = []  # C++ ops marked failed as the process died of their error
-        self.device_timing = DeviceTiming()  # used only by ops on a device (NCCL, HCCL)
+        self.device_timing = DeviceTiming(ring_capacity=self.ring.capacity)  # used only by ops on a device (NCCL, HCCL)
         self._in_order_groups: dict[tuple[str, str], bool] = {}  # (group, device) -> IN_ORDER backend
         self.on_failure: Callable[[Entry, bool], None] | None = None  # set by the watchdog owner
         self.armed_wall_ns = time.time_ns()  # when this process was armed: tells one run of a job from the next
@@ -434,7 +434,7 @@ class Recorder:
 
     def catch_up(self, wait: bool = False) -> None:
         """Poll the ops waiting in `polled`, here and now: the watchdog's tick does (`wait=True`), and so
-        does the training thread whose op brought `polled` to a multiple of `poll_soon_at` (`poll_soon`),
+        does the training thread whose op fell due (`poll_soon`, `_file_polled`),
         at once and without waiting for the lock. Why not wake the watchdog for it: while it waited for
         the GIL, every release of the GIL by the training thread (two or three per op, in torch's
         bindings) woke it in vain: back-to-back device ops cost +13.7 µs each that way, +4.5 this way

@@ -226,10 +226,10 @@ def test_a_catch_up_on_the_training_thread_never_waits_for_a_lock() -> None:
 
 
 def test_events_stay_bounded_in_a_very_large_ring() -> None:
-    """Past `max_pairs` entries with events (a FLIGHTREC_BUFFER larger than that), an entry gets none:
-    its ops record host times only, with no event made, and the entries that have events go on."""
+    """In a ring larger than `max_pairs` (FLIGHTREC_BUFFER), the entries of the slots from `max_pairs` on
+    get no events: their ops record host times only, with no event made, and the others go on."""
     dev = FakeDevice()
-    timing = DeviceTiming(factory=dev.event, clock=lambda: 0, max_pairs=2)
+    timing = DeviceTiming(factory=dev.event, clock=lambda: 0, ring_capacity=4, max_pairs=2)
     entries = [_device_entry(i) for i in range(4)]
     for entry in entries:
         timing.before(entry)
