@@ -120,8 +120,9 @@ class Recorder:
         # An op filed in `polled` this many ids after the oldest there calls `poll_soon` (armed: `catch_up`)
         # instead of waiting for the watchdog's tick (`_file_polled`): ops that come faster than the ring
         # per tick are then seen complete before the ring wraps over them (their slots and events reused,
-        # their Works let go young), which cost ~8-14 µs per op otherwise (docs/overhead.md).
-        self.poll_soon_at = max(16, min(self.ring.capacity // 2, 1000))
+        # their Works let go young), which cost ~8-14 µs per op otherwise (docs/overhead.md). 128, not more:
+        # the Works and entries held until their poll slow every op (1,000: +1.3 µs per device op on the stand-in).
+        self.poll_soon_at = max(16, min(self.ring.capacity // 2, 128))
         self.poll_soon: Callable[[], None] | None = None
         self.poll_due = 0  # the id from which a filed op calls `poll_soon` (the C hot path keeps it too)
         self._catching_up = threading.Lock()  # one poll at a time: `catch_up`, on any thread
