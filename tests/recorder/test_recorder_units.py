@@ -435,3 +435,31 @@ def test_backend_errors_are_told_from_the_jobs_own() -> None:
     assert is_backend_error(torch.distributed.DistBackendError("NCCL communicator was aborted on rank 1."))
     assert not is_backend_error(ValueError("gradient check failed in RaiseInBackward.backward"))
     assert not is_backend_error(RuntimeError("DataLoader worker (pid 123) exited unexpectedly"))
+
+
+def test_the_timeout_checks_filter_in_c_finds_what_the_python_walk_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Recorder.in_flight(issued_before_ns)` filters the tables in C (`_fastpath.issued_before`) where it is
+    built: the same ops as the Python walk, and exactly the pending ones issued before the limit."""
+    from flightrec.record import recorder as recorder_module
+    from flightrec.settings import load_settings
+
+    rec = recorder_module.Recorder(load_settings({}))
+    made = []
+    for i, (state, t_ns) in enumerate([("started", 10), ("started", 90), ("completed", 5), ("failed", 5),
+                                        ("enqueued", 40), ("started", 50), ("started", 100), ("started", 0)]):
+        entry = entry_module.Entry(i, "0", "coll", "all_reduce", "all_reduce")
+        entry.state, entry.t_enqueue_ns = state, t_ns
+        made.append(entry)
+    rec.pending.update({e.id: e for e in made[:3]})
+    rec.by_work.update({1000 + e.id: e for e in made[2:5]})  # entry 2 and 4 in two tables
+    rec.polled.update({e.id: e for e in made[4:7]})
+    expected = [0, 4, 5]  # pending, issued before 60; 7 is in no table
+    c_filter = recorder_module._C_ISSUED_BEFORE
+    if c_filter is not None:  # the C filter itself (in_flight would fall back to the walk if it raised)
+        assert fastpath.available()
+        assert sorted({e.id for e in c_filter((rec.pending, rec.by_work, rec.polled), 60)}) == expected
+    c_found = sorted(e.id for e in rec.in_flight(60))
+    monkeypatch.setattr(recorder_module, "_C_ISSUED_BEFORE", None)
+    assert sorted(e.id for e in rec.in_flight(60)) == expected == c_found
+    assert sorted(e.id for e in rec.in_flight()) == [0, 1, 4, 5, 6]
+    assert c_filter is not None or os.environ.get("FLIGHTREC_FASTPATH") == "0"
