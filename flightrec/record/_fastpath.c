@@ -788,6 +788,22 @@ static void settle_seq(Leaf *self, PyObject *entry, PyObject *group, long long r
     PyErr_Clear();
 }
 
+/* An async op's Work, where its Work.wait finds it: the async slot when it is free (no dict for the common
+ * `work = ...(async_op=True); work.wait()`), else by_work, keyed by the Work's address (the entry holds
+ * the Work, so the address is not reused). The watchdog polls both. */
+static void file_async(Leaf *self, PyObject *entry, PyObject *work)
+{
+    AsyncSlot *slot = (AsyncSlot *)self->async_slot;
+    if (slot->work == Py_None) {
+        set_slot(self->async_slot, offsetof(AsyncSlot, work), work);
+        set_slot(self->async_slot, offsetof(AsyncSlot, entry), entry);
+        return;
+    }
+    PyObject *key = PyLong_FromVoidPtr(work);
+    if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear();
+    Py_XDECREF(key);
+}
+
 /* Recorder.finish for a CPU call that returned None (blocking: complete now) or a Work (async:
  * Recorder.watch_work's CPU case, completed by Work.wait or the watchdog's poll). A C-path op is in
  * no table while it runs: its thread's ThreadState.in_leaf holds it (Recorder.in_flight). */
@@ -800,15 +816,7 @@ static void finish_cpu(Leaf *self, PyObject *entry, PyObject *group, long long r
         EN(entry)->state = COMPLETED;
     } else {
         set_slot(entry, E_(work), work);
-        AsyncSlot *slot = (AsyncSlot *)self->async_slot;
-        if (slot->work == Py_None) { /* the watchdog polls it there */
-            set_slot(self->async_slot, offsetof(AsyncSlot, work), work);
-            set_slot(self->async_slot, offsetof(AsyncSlot, entry), entry);
-        } else {
-            PyObject *key = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
-            if (key == NULL || PyDict_SetItem(self->by_work, key, entry) < 0) PyErr_Clear(); /* the watchdog polls it */
-            Py_XDECREF(key);
-        }
+        file_async(self, entry, work);
     }
     PyErr_Clear();
 }
@@ -1008,8 +1016,7 @@ static void poll_soon(Leaf *self, long long record_id)
 
 /* Recorder.watch_work's device case: the Work kept on the entry, the entry polled by the watchdog
  * (Work.is_completed, then Work.exception: a failure is found there) and, for an async op, found by
- * its Work.wait: in the async slot when it is free (as a CPU op's: the common `work = ...(async_op=True);
- * work.wait()` then needs no dict), else in by_work. Its future is not watched: NCCL (and torch_npu's
+ * its Work.wait (`file_async`, as a CPU op's). Its future is not watched: NCCL (and torch_npu's
  * HCCL) complete it with its value as soon as the op is queued, so it can never carry the op's error
  * (record/recorder.py `watch_work`). */
 static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocking, PyObject *key)
@@ -1017,17 +1024,7 @@ static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocki
     set_slot(entry, E_(work), work);
     if (key == NULL || PyDict_SetItem(self->polled, key, entry) < 0) PyErr_Clear(); /* key: the entry's id */
     poll_soon(self, EN(entry)->id); /* first: a catch-up now must not take this op from its caller's wait */
-    if (!blocking) { /* its wait (Work.wait) places the end event */
-        AsyncSlot *slot = (AsyncSlot *)self->async_slot;
-        if (slot->work == Py_None) {
-            set_slot(self->async_slot, offsetof(AsyncSlot, work), work);
-            set_slot(self->async_slot, offsetof(AsyncSlot, entry), entry);
-        } else {
-            PyObject *by = PyLong_FromVoidPtr(work); /* the entry holds the Work, so its id is not reused */
-            if (by == NULL || PyDict_SetItem(self->by_work, by, entry) < 0) PyErr_Clear();
-            Py_XDECREF(by);
-        }
-    }
+    if (!blocking) file_async(self, entry, work); /* its wait (Work.wait) places the end event */
 }
 
 /* patching._call_on_device after the call, for the C hot path's device op (`result` stolen). The

@@ -116,7 +116,7 @@ class DeviceTiming:
             self.ready.clear()  # the C hot path then hands every op to `before`, which records nothing
 
     def _capture_check(self, device: str) -> Callable[[], bool] | None:
-        """`device`'s capture query, looked up at its first op (the hot path reads `_capture_checks`)."""
+        """`device`'s capture query, looked up at its first op (the C hot path reads it from `ready`)."""
         check = self._capture_checks.get(device, _UNRESOLVED)
         if check is _UNRESOLVED:
             if self._capturing is torch_capturing:
