@@ -7,7 +7,7 @@ runs those two processes side by side, each pinned to its own CPU (same thread p
 block by block (same moment), then flightrec alone unpinned. Prints medians in microseconds and ratios (docs/overhead.md).
 
     python benchmarks/overhead.py [--rounds 6] [--block 400] [--blocks 40]
-    python benchmarks/overhead.py --device cpu-standin|cuda [--json OUT] [--quick] [--dry-run]   # the device path
+    python benchmarks/overhead.py --device cpu-standin|cuda [--json OUT] [--quick] [--dry-run] [--standin-events c|python]   # the device path
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def _device_main(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("--dry-run goes with --device cuda", file=sys.stderr)
             return 2
-        return overhead_device.run_standin(rounds, blocks, block, args.json)
+        return overhead_device.run_standin(rounds, blocks, block, args.json, events=args.standin_events)
     return overhead_device.run_cuda(rounds, blocks, block, args.json, args.budget_s, args.child_timeout_s, args.dry_run)
 
 
@@ -260,6 +260,9 @@ def main() -> None:
                         help="the device path's host cost: on CPU with a stand-in device, or on one GPU against "
                              "PyTorch's recorder on NCCL (benchmarks/overhead_device.py)")
     parser.add_argument("--json", default=None, metavar="OUT", help="with --device: write the figures to OUT")
+    parser.add_argument("--standin-events", choices=("c", "python"), default="c",
+                        help="with --device cpu-standin: the stand-in's events, C methods as torch.Event's (default) "
+                             "or Python ones (as before 2026-12-07 night)")
     parser.add_argument("--quick", action="store_true", help="with --device: a tiny run (tests; figures unreliable)")
     parser.add_argument("--dry-run", action="store_true", help="with --device cuda: print the plan, start nothing")
     parser.add_argument("--budget-s", type=float, default=170.0,

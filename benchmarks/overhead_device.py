@@ -150,7 +150,8 @@ def _recorder_checks(rec: Any, device: str) -> dict[str, Any]:
     }
 
 
-def standin_child(rank: int, world_size: int, store: str, blocks: int, calls: int, dump_dir: str) -> dict[str, Any]:
+def standin_child(rank: int, world_size: int, store: str, blocks: int, calls: int, dump_dir: str,
+                  events: str = "c") -> dict[str, Any]:
     """World size 1: gloo path and device path (stand-in) interleaved; world size 2: the gloo path."""
     _die_with_parent()
     sys.path.insert(0, ROOT)
@@ -161,7 +162,7 @@ def standin_child(rank: int, world_size: int, store: str, blocks: int, calls: in
 
     rec = _arm(dump_dir)
     standin.register()
-    timing = standin.install_events(rec)
+    timing = standin.install_events(rec, events)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world_size)
     wrapped = dist.all_reduce
     original = wrapped.__flightrec_wrapped__
@@ -178,11 +179,12 @@ def standin_child(rank: int, world_size: int, store: str, blocks: int, calls: in
             variants[f"{path}_{mode}_flightrec"] = block(wrapped, tensor, pg, calls, mode)
     out: dict[str, Any] = {"blocks": interleave(variants, blocks)}
     checks = _recorder_checks(rec, standin.DEVICE)
-    checks["standin_events"] = standin.StandinEvent.created
+    checks["standin_events"] = standin.events_created(timing)
+    checks["standin_event_kind"] = standin.event_kind(timing)
     checks["timing_is_standin"] = rec.device_timing is timing
     out["checks"] = checks
     if world_size == 1:
-        out["record_us"] = standin.record_cost_us()
+        out["record_us"] = standin.record_cost_us(timing)
         if not (checks["device_ops"] and checks["with_device_times"] and checks["standin_events"]
                 and checks["timing_is_standin"] and not checks["timing_disabled"]):
             raise RuntimeError(f"the device path did not run with stand-in events: {checks}")
@@ -369,16 +371,18 @@ def _write_json(path: str | None, payload: dict[str, Any]) -> None:
             json.dump(payload, handle, indent=1, default=str)
 
 
-def run_standin(rounds: int, blocks: int, calls: int, json_path: str | None, timeout_s: float = 300.0) -> int:
+def run_standin(rounds: int, blocks: int, calls: int, json_path: str | None, timeout_s: float = 300.0,
+                events: str = "c") -> int:
     """Each round: one process at world size 1 (gloo and stand-in), then a gloo pair at world size 2."""
     per_round: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="flightrec-overhead-") as work:
         try:
             for r in range(rounds):
-                procs = {"ws1": _launch("standin_child", (0, 1, f"{work}/s1-{r}", blocks, calls, work), _child_env())}
+                procs = {"ws1": _launch("standin_child", (0, 1, f"{work}/s1-{r}", blocks, calls, work, events),
+                                         _child_env())}
                 got = _collect(procs, timeout_s)
                 pair = {f"ws2 rank {rank}": _launch("standin_child", (rank, 2, f"{work}/s2-{r}", blocks, calls,
-                                                                      f"{work}/d{rank}"), _child_env())
+                                                                      f"{work}/d{rank}", events), _child_env())
                         for rank in (0, 1)}
                 got.update(_collect(pair, timeout_s))
                 per_round.append(got)
@@ -439,7 +443,7 @@ def _report_standin(per_round: list[dict[str, dict[str, Any]]], rounds: int, blo
     extra = {m: figures[f"device_ws1_{m}"]["added_us"] - figures[f"gloo_ws1_{m}"]["added_us"] for m in MODES}
     same_call = {m: _beyond(per_round, f"device_{m}", f"gloo_on_standin_{m}") for m in MODES}
     print(f"the device path's cost beyond the gloo path's, world 1: {extra['sync']:+.2f} us sync, "
-          f"{extra['async']:+.2f} us async (of which the stand-in's own 2 record() calls: ~{2 * record_us:.2f} us)")
+          f"{extra['async']:+.2f} us async (of which the stand-in's own 2 record() calls, {first['checks']['standin_event_kind']} events: ~{2 * record_us:.2f} us)")
     print("the same, the gloo path timed on the stand-in's call (the same backend call, warm caches: the figure to "
           "read): " + ", ".join(f"{same_call[m]['us']:+.2f} +- {same_call[m]['uncertainty_us']:.2f} us {m}"
                                 for m in MODES)
@@ -447,7 +451,7 @@ def _report_standin(per_round: list[dict[str, dict[str, Any]]], rounds: int, blo
     checks = first["checks"]
     print(f"device path check (round 1): {checks['device_ops']} ops recorded on '{standin.DEVICE}' in the ring, "
           f"{checks['with_device_times']} with device start and end times from {checks['standin_events']} stand-in "
-          f"events; {checks['failed']} failed, {checks['cpp_ops']} recorded as C++ ops; C hot path "
+          f"events ({checks['standin_event_kind']}); {checks['failed']} failed, {checks['cpp_ops']} recorded as C++ ops; C hot path "
           f"{'on' if checks['c_hot_path'] else 'off'}, torch reader {'on' if checks['torch_reader'] else 'off'}")
     _write_json(json_path, {"device": "cpu-standin", "ok": True, "machine": info, "rounds": rounds, "blocks": blocks,
                             "calls_per_block": calls, "figures": figures, "device_minus_gloo_us": extra,

@@ -11,8 +11,9 @@ anywhere if something takes the device's place. Three pieces do:
 - `meta` tensors (no storage): flightrec records the op's device as `meta`, not `cpu`, so it takes the
   device path exactly as for `cuda`.
 - `StandinEvent`, installed as the recorder's event factory (`DeviceTiming`'s injectable one):
-  `record()` stores the host clock, `query()` is true once recorded. flightrec records, pools and
-  resolves them as it does `torch.Event`s.
+  `record()` stores the host clock, `query()` is true once recorded. flightrec records and resolves
+  them as it does `torch.Event`s. The benchmarks use its C twin (`standin_event.c`, built on first
+  use), whose methods are C as `torch.Event`'s are; the tests use this Python one.
 
 Not modelled: the device runtime's own host costs: `cudaEventRecord` behind `torch.Event.record`,
 the graph-capture query on `torch.cuda`, NCCL's enqueue and its CUDA future's stream bookkeeping,
@@ -22,7 +23,16 @@ the graph-capture query on `torch.cuda`, NCCL's enqueue and its CUDA future's st
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
+import os
+import shlex
+import subprocess
+import sysconfig
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,7 +46,8 @@ WHAT_IT_MODELS = (
     f"stand-in: backend '{BACKEND}' (a Python ProcessGroup whose ops return a C++ Work wrapping an already-completed "
     f"future: a device that ran the op at once) on '{DEVICE}' tensors (no data), so flightrec takes its device path "
     "(forced async, start/end events, Work followed, polled and resolved by the watchdog); events: StandinEvent "
-    "(record() stores the host clock, query() is true once recorded) as the recorder's event factory")
+    "(record() stores the host clock, query() is true once recorded; C methods, as torch.Event's, unless the C "
+    "twin could not be built) as the recorder's event factory")
 NOT_MODELLED = (
     "not modelled: the device runtime's own host costs (cudaEventRecord behind torch.Event.record, the graph-capture "
     "query on torch.cuda, NCCL's enqueue and its CUDA future's stream bookkeeping, is_completed()'s event query) and "
@@ -116,19 +127,62 @@ def gloo_path_group(recorder: Any) -> Any:
     return pg
 
 
-def install_events(recorder: Any) -> Any:
+_SOURCE = Path(__file__).with_name("standin_event.c")
+_BUILT = Path(__file__).with_name("_built")
+
+
+@functools.cache
+def c_event_type() -> Any:
+    """`standin_event.c`'s StandinEvent: `StandinEvent` with C methods, as `torch.Event`'s are, built
+    here on first use (a second, the machine's C compiler and Python headers); None where it cannot
+    be built. Why: a Python `record()` costs ~0.6 µs more per op than a C one, billed to flightrec's
+    device path (two per op), where a real device's `torch.Event.record` is C++."""
+    source = _SOURCE.read_bytes()
+    tag = hashlib.sha256(source + sysconfig.get_config_var("EXT_SUFFIX").encode()).hexdigest()[:16]
+    target = _BUILT / f"standin_event-{tag}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    try:
+        if not target.exists():
+            _BUILT.mkdir(exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=_BUILT) as work:
+                partial = Path(work) / target.name
+                compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
+                subprocess.run([*compiler, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+                                str(_SOURCE), "-o", str(partial)], check=True, capture_output=True, timeout=120)
+                os.replace(partial, target)  # whole or not at all: two processes may build it at once
+        spec = importlib.util.spec_from_file_location("standin_event", target)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except (OSError, subprocess.SubprocessError, ImportError):
+        return None
+    return module
+
+
+def install_events(recorder: Any, kind: str = "c") -> Any:
     """Give `recorder` a DeviceTiming whose events are stand-ins (flightrec's own constructor, its
-    injectable factory); everything else about it is flightrec's as it is at run time."""
+    injectable factory); everything else about it is flightrec's as it is at run time. `kind`: "c" (the
+    C stand-in, or the Python one where it cannot be built) or "python"."""
     from flightrec.record.device_timing import DeviceTiming
 
-    recorder.device_timing = DeviceTiming(factory=StandinEvent)
+    module = c_event_type() if kind == "c" else None
+    recorder.device_timing = DeviceTiming(factory=module.StandinEvent if module is not None else StandinEvent)
     return recorder.device_timing
 
 
-def record_cost_us(calls: int = 20000) -> float:
-    """The stand-in's own price: µs per `record()` in a hot loop (two per op on the device path)."""
-    event = StandinEvent(DEVICE)
-    StandinEvent.created -= 1
+def event_kind(timing: Any) -> str:
+    """Which stand-in events `timing` makes: "c" or "python"."""
+    return "python" if timing._factory is StandinEvent else "c"
+
+
+def events_created(timing: Any) -> int:
+    """How many stand-in events flightrec asked `timing`'s factory for (proof that the device path ran with them)."""
+    if timing._factory is StandinEvent:
+        return StandinEvent.created
+    return int(c_event_type().created())  # type: ignore[union-attr]
+
+
+def record_cost_us(timing: Any, calls: int = 20000) -> float:
+    """The stand-in's own price: µs per `record()` of `timing`'s events in a hot loop (two per op on the device path)."""
+    event = timing._factory(DEVICE)
     record = event.record
     start = time.perf_counter_ns()
     for _ in range(calls):

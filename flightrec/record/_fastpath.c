@@ -904,15 +904,29 @@ static int force_async(Leaf *self, PyObject *const *args, Py_ssize_t nargs, PyOb
  * returns -1: the caller then calls the Python method, which handles it. */
 
 /* 0: `device` is in DeviceTiming.ready and its stream is not being captured into a graph; -1: otherwise */
+static PyObject *ready_of_timing, *ready_dict; /* the last DeviceTiming asked and its `ready` (never reassigned) */
+
+static PyObject *timing_ready_dict(PyObject *timing)
+{
+    if (timing == ready_of_timing) return ready_dict;
+    PyObject *d = PyObject_GenericGetDict(timing, NULL);
+    PyObject *ready = d != NULL ? PyDict_GetItemWithError(d, s_ready) : NULL;
+    Py_XDECREF(d);
+    if (ready == NULL || !PyDict_CheckExact(ready)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_INCREF(timing);
+    Py_INCREF(ready);
+    Py_XSETREF(ready_of_timing, timing); /* held: its address cannot be reused by another while cached */
+    Py_XSETREF(ready_dict, ready);
+    return ready;
+}
+
 static int timing_ready(PyObject *timing, PyObject *device)
 {
-    PyObject *d = PyObject_GenericGetDict(timing, NULL);
-    if (d == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    PyObject *ready = PyDict_GetItemWithError(d, s_ready);
-    PyObject *check = ready != NULL && PyDict_CheckExact(ready) ? PyDict_GetItemWithError(ready, device) : NULL;
+    PyObject *ready = timing_ready_dict(timing);
+    PyObject *check = ready != NULL ? PyDict_GetItemWithError(ready, device) : NULL;
     int out = -1;
     if (check == Py_None) {
         out = 0; /* that device cannot capture */
@@ -924,7 +938,6 @@ static int timing_ready(PyObject *timing, PyObject *device)
         Py_DECREF(check);
     }
     PyErr_Clear();
-    Py_DECREF(d);
     return out;
 }
 
@@ -1193,10 +1206,22 @@ record:;
         set_slot(entry, E_(error), Py_None);
         set_slot(entry, E_(stack), Py_None);
     } else {
+        PyObject *dropped = entry; /* the slot's entry, its op still pending (or not the Python path's) */
+        Py_INCREF(dropped); /* Entry() runs Python code: another thread may replace it in the slot meanwhile */
         PyObject *rid = PyLong_FromLongLong(record_id);
         entry = rid ? PyObject_CallFunctionObjArgs((PyObject *)entry_type, rid, GR(group)->name, self->kind,
                                                    self->op_name, api, NULL) : NULL;
         Py_XDECREF(rid);
+        if (entry != NULL && Py_TYPE(entry) == entry_type && Py_TYPE(dropped) == entry_type
+            && EN(dropped)->events != NULL && PyTuple_CheckExact(EN(dropped)->events)) {
+            /* Entry.take_events: its events, which nothing reads now (dumps read the ring) */
+            EN(dropped)->timed_start = EN(dropped)->timed_end = -1;
+            PyObject *events = EN(dropped)->events;
+            Py_INCREF(Py_None);
+            EN(dropped)->events = Py_None;
+            Py_XSETREF(EN(entry)->events, events); /* the dropped entry's reference, moved */
+        }
+        Py_DECREF(dropped);
         if (entry == NULL || Py_TYPE(entry) != entry_type) {
             PyErr_Clear();
             Py_XDECREF(entry);

@@ -94,7 +94,8 @@ class DeviceTiming:
         self._capture_checks: dict[str, Callable[[], bool] | None] = {}
         self._anchors: dict[str, tuple[TimingEvent, int]] = {}
         # device type -> its capture query, for devices whose anchor is placed while timing is on: what
-        # the C hot path reads to record an op's events itself (any other case takes `before`)
+        # the C hot path reads to record an op's events itself (any other case takes `before`). Never
+        # reassigned, only changed in place: the C hot path keeps the dict of the last DeviceTiming it read
         self.ready: dict[str, Callable[[], bool] | None] = {}
         self._disabled = False
         # a ring larger than max_pairs: the entries of its slots from max_pairs on get no events (0: not capped)

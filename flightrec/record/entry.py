@@ -54,6 +54,18 @@ class Entry(_Storage):  # type: ignore[misc, valid-type]
         self.timed_start = self.timed_end = -1
         self.reset(record_id, group, kind, op, api)
 
+    def take_events(self, dropped: Any) -> None:
+        """The events of `dropped`, the entry whose ring slot this new one takes while its op is still
+        pending (not settled, so not reused): no dump shows it again (dumps read the ring), so its
+        events would time nothing; marked untimed, a late wait or read of it touches them no more. Why:
+        a new pair per such op made every op of a job whose ops are never polled (the watchdog asleep)
+        allocate two events. `_fastpath.c` does the same for the C hot path."""
+        events = getattr(dropped, "events", None)
+        if type(events) is tuple:
+            dropped.timed_start = dropped.timed_end = -1
+            dropped.events = None
+            self.events = events
+
     def reset(self, record_id: int, group: str, kind: str, op: str, api: str) -> None:
         self.id = record_id
         self.group = group

@@ -188,7 +188,9 @@ class Recorder:
             slot = record_id % capacity
             entry = slots[slot]
             if entry is None or entry.state not in _SETTLED or entry.source != "python" or entry.work is not None:
-                entry = Entry(record_id, group.name, kind, op_name, api)
+                dropped, entry = entry, Entry(record_id, group.name, kind, op_name, api)
+                if dropped is not None:
+                    entry.take_events(dropped)
             else:
                 entry.reset(record_id, group.name, kind, op_name, api)
             if is_coll:

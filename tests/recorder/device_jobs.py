@@ -394,6 +394,38 @@ def poll_soon(out: str, name: str) -> None:
     flightrec.disable()
 
 
+def dropped_events(out: str, name: str) -> None:
+    """Ops never polled (the watchdog's tick an hour away, no catch-up) in a 16-entry ring: the ring wraps
+    over pending entries, so each op gets a new entry. Emits how many stand-in events 100 blocking ops
+    made and how many of the ring's entries read device start and end times."""
+    import flightrec
+    import flightrec.arming as control
+    from flightrec.record import fastpath
+    from flightrec.record.device_timing import DeviceTiming
+
+    dist.Backend.register_backend(name, lambda store, rank, size, timeout: standin.StandinProcessGroup(rank, size),
+                                  devices=["cpu", "meta"])
+    flightrec.enable(dir=out, timeout_s=600, poll_s=3600, buffer=16)
+    rec = control.current().recorder
+    rec.device_timing = DeviceTiming(factory=standin.StandinEvent, capturing=lambda device: False,
+                                     ring_capacity=rec.ring.capacity)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    pg = dist.new_group(backend=name)
+    t = torch.ones(4, device="meta")
+    _past_the_first_tick()
+    rec.poll_soon = None  # no catch-up either: nothing polls these ops
+    made = standin.StandinEvent.created
+    for _ in range(100):
+        dist.all_reduce(t, group=pg)
+    ring = [e for e in rec.entries() if e.device == "meta"]
+    rec.device_timing.resolve(ring)
+    emit(events_made=standin.StandinEvent.created - made, ring=len(ring), pending=sum(e.state == "started" for e in ring),
+         timed=sum(e.t_dev_start_ns is not None and e.t_dev_end_ns is not None for e in ring),
+         fast=fastpath.available())
+    dist.destroy_process_group()
+    flightrec.disable()
+
+
 # --- device events around the wrapper's calls (tests/recorder/test_device_timing.py) ---------------
 
 class DeviceTensor:
@@ -544,7 +576,8 @@ def stream_ends() -> None:
          captured_state=rec.entries()[-1].state, pending=len(rec.pending))
 
 
-JOBS = {f.__name__: f for f in (late_backend, device_ops, stream_polling, poll_soon, wrapper_brackets, stream_ends)}
+JOBS = {f.__name__: f for f in (late_backend, device_ops, stream_polling, poll_soon, dropped_events,
+                                wrapper_brackets, stream_ends)}
 
 if __name__ == "__main__":
     dispatch(JOBS)

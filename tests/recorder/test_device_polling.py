@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from flightrec.record import fastpath
 from tests.child import command, env_with_root, facts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +75,21 @@ def test_ops_faster_than_the_tick_are_polled_by_the_thread_that_issues_them(fast
     # at the 44th (128 ids on), before the ring wraps over them; by count (74 < 128), none would be yet
     mixed = seen["batches"]["mixed"]
     assert mixed["ops"] == seen["poll_soon_at"] // 2 + 10 and mixed["completed"] >= 40, mixed
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_an_entry_the_ring_drops_while_pending_hands_its_events_to_the_next(fast: str) -> None:
+    """Ops never polled (watchdog asleep, no catch-up) in a 16-entry ring: each op takes a new entry, as the
+    one in its slot is still pending, and that entry's events with it (nothing reads them: dumps read the
+    ring), so 100 ops make 16 pairs, not 100; every op in the ring still reads device times."""
+    env = {k: v for k, v in os.environ.items() if k != "FLIGHTREC"}
+    env["FLIGHTREC_FASTPATH"] = fast
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run(command("tests.recorder.device_jobs", "dropped_events", out, "devdrop"),
+                              capture_output=True, text=True, timeout=120, env=env_with_root(env), cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = facts(done.stdout)
+    assert seen["fast"] == (fast == "1" and fastpath.available())
+    assert seen["ring"] == 16 and seen["pending"] == 16  # never polled: each slot's op still pending
+    assert seen["timed"] == 16
+    assert seen["events_made"] == 1 + 2 * 16  # the anchor and one pair per slot

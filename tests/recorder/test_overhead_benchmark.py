@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +81,10 @@ def test_device_path_benchmark_runs_on_cpu_with_its_standin(tmp_path: Path) -> N
     check = next(line for line in lines if line.startswith("device path check"))
     ops, timed = re.search(r"(\d+) ops recorded on 'meta' in the ring, (\d+) with device start and end times", check).groups()
     assert int(ops) > 0 and int(timed) > 0, check
+    # the stand-in's events are its C twin (as torch.Event's methods are C++) wherever a C compiler is
+    kind = "c" if shutil.which(sysconfig.get_config_var("CC").split()[0] if sysconfig.get_config_var("CC") else "cc") \
+        else "python"
+    assert report["checks"]["standin_event_kind"] == kind and f"stand-in events ({kind})" in check
     # beyond the gloo path on the same call: per block pair, so not the difference of the two medians above
     same = report["device_minus_gloo_same_call_us"]
     line = next(line for line in lines if line.startswith("the same, the gloo path timed on the stand-in's call"))
