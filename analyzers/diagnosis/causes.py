@@ -140,6 +140,14 @@ def find_causes(
     causes, left_behind = _failure_causes(ev, causes, failures or [])
     _name_victims(ev, causes, failures or [], left_behind)
     causes.sort(key=_listing_key)
+    in_deadlock = {c.rank for c in causes if c.kind == KIND_DEADLOCK}
+    crashed = sorted(c.rank for c in causes if c.kind == CRASHED)
+    for cycle in cycles:
+        if not set(cycle) <= in_deadlock:  # `_victims_only`: said, not named a cause
+            notes.append(f"a wait cycle among ranks {ranges(cycle)} is not named a deadlock: it was read after "
+                         f"rank{'s' if len(crashed) > 1 else ''} {ranges(crashed)} crashed, and each of its ranks "
+                         "then lost its connection or was terminated")
+    cycles = [cycle for cycle in cycles if set(cycle) <= in_deadlock]
     return CauseResult(causes=causes, cycles=cycles, notes=notes)
 
 
@@ -342,6 +350,8 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
         elif f is not None and f.kind in (fail.PEER_LOST, fail.TERMINATED) and roots and c.kind in (
                 NOT_ENTERED, MISSING_DUMP, COMM_STUCK):
             continue  # a consequence of the crash, listed under `failures` (a mismatch of its own stays)
+        elif c.kind == KIND_DEADLOCK and roots and _victims_only(c.ranks, roots, by_rank):
+            continue  # a cycle among the crash's victims, read from op states after it broke their groups
         kept.append(c)
     named = {c.rank for c in kept}
     for r in sorted(roots - named):
@@ -349,6 +359,15 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
         _attach_traceback(c, dumps.get(r))
         kept.append(c)
     return kept
+
+
+def _victims_only(cycle: list[int], roots: set[int], by_rank: dict[int, fail.Failure]) -> bool:
+    """Whether every rank of a wait cycle only lost its connection or was terminated after a crash
+    elsewhere: its waits were read after the crash broke their groups (on a device backend a failed op
+    is retired as completed in PyTorch's recorder, so one rank's failed ops read done and another's
+    pending, and they seem to wait on each other), so they are the crash's victims, not a deadlock."""
+    return not set(cycle) & roots and all(
+        r in by_rank and by_rank[r].kind in (fail.PEER_LOST, fail.TERMINATED) for r in cycle)
 
 
 def _deserted(causes: list[Cause], failures: list[fail.Failure], absent: dict[int, str], entries: pd.DataFrame,
