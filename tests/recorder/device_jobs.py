@@ -184,7 +184,6 @@ def device_ops(out: str) -> None:
     import flightrec
     import flightrec.arming as control
     import flightrec.record.wrapping as patching
-    from flightrec.record import fastpath
     from flightrec.record.device_timing import DeviceTiming
 
     dist.Backend.register_backend("devtest", lambda store, rank, size, timeout: DeviceGroup(rank, size),
@@ -232,6 +231,14 @@ def device_ops(out: str) -> None:
     dist.all_reduce(t, group=pg)
     sys.setprofile(None)
 
+    _emit_rows(rec, python_device_calls[0], returned)
+
+
+def _emit_rows(rec: Any, python_device_calls: int, returned: list[Any]) -> None:
+    """Every field of every entry once the watchdog polled the ops, and the job's tables, then disarm."""
+    import flightrec
+    from flightrec.record import fastpath
+
     deadline = time.monotonic() + 10
     while rec.polled and time.monotonic() < deadline:
         time.sleep(0.05)  # the watchdog polls the Works
@@ -243,12 +250,43 @@ def device_ops(out: str) -> None:
         "source": e.source, "device": e.device, "line": None if e.site is None else e.site[0].co_firstlineno,
         "dev_start": e.t_dev_start_ns is not None, "dev_end": e.t_dev_end_ns is not None,
         "completed_at": e.t_complete_ns is not None, "holds_work": e.work is not None} for e in rec.entries()]
-    emit(fast=fastpath.available(), reader=fastpath.uses_torch_reader(), python_device_calls=python_device_calls[0],
+    emit(fast=fastpath.available(), reader=fastpath.uses_torch_reader(), python_device_calls=python_device_calls,
          rows=rows,
          returned=[repr(r) for r in returned], captured=rec.device_timing.captured, open=rec.device_timing.unread(rec.entries()),
          tables=[len(rec.pending), len(rec.by_work), len(rec.polled)])
     dist.destroy_process_group()
     flightrec.disable()
+
+
+def default_group_ops(out: str) -> None:
+    """Device ops on the default group with no group argument (`all_reduce(t)`: fewer positional arguments
+    than `async_op`'s position, so forcing it async fills the defaults before it), as `device_ops` emits."""
+    from torch.distributed import ReduceOp
+
+    import flightrec
+    import flightrec.arming as control
+    import flightrec.record.wrapping as patching
+    from flightrec.record.device_timing import DeviceTiming
+
+    dist.Backend.register_backend("devdefault", lambda store, rank, size, timeout: DeviceGroup(rank, size),
+                                  devices=["cpu", "meta"])
+    flightrec.enable(dir=out, timeout_s=60)
+    rec = control.current().recorder
+    rec.device_timing = DeviceTiming(factory=standin.StandinEvent, capturing=lambda device: False)
+    dist.init_process_group("devdefault", store=dist.HashStore(), rank=0, world_size=1)
+    t = torch.ones(16, device="meta")
+    outs = [torch.empty(16, device="meta")]
+    dist.all_reduce(t)  # this thread's first wrapped call (its state is made by the Python wrapper)
+    python_device_calls = [0]
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is patching.call_on_device.__code__:
+            python_device_calls[0] += 1
+
+    sys.setprofile(count)
+    returned = [dist.all_reduce(t), dist.all_reduce(t, ReduceOp.MAX), dist.all_gather(outs, t)]
+    sys.setprofile(None)
+    _emit_rows(rec, python_device_calls[0], returned)
 
 
 # --- one stream's ops, polled (tests/recorder/test_device_polling.py) ------------------------------
@@ -576,7 +614,7 @@ def stream_ends() -> None:
          captured_state=rec.entries()[-1].state, pending=len(rec.pending))
 
 
-JOBS = {f.__name__: f for f in (late_backend, device_ops, stream_polling, poll_soon, dropped_events,
+JOBS = {f.__name__: f for f in (late_backend, device_ops, default_group_ops, stream_polling, poll_soon, dropped_events,
                                 wrapper_brackets, stream_ends)}
 
 if __name__ == "__main__":

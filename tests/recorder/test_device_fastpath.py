@@ -23,13 +23,13 @@ from tests.child import command, env_with_root, facts
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(fast: str, torch_reader: str = "1") -> dict:
-    """The `device_ops` job of tests/recorder/device_jobs.py, with or without the C hot path and the torch reader."""
+def _run(fast: str, torch_reader: str = "1", job: str = "device_ops") -> dict:
+    """A job of tests/recorder/device_jobs.py (`device_ops`), with or without the C hot path and the torch reader."""
     env = {k: v for k, v in os.environ.items() if k != "FLIGHTREC"}
     env["FLIGHTREC_FASTPATH"] = fast
     env["FLIGHTREC_TORCHPEEK"] = torch_reader
     with tempfile.TemporaryDirectory() as out:
-        done = subprocess.run(command("tests.recorder.device_jobs", "device_ops", out), capture_output=True, text=True,
+        done = subprocess.run(command("tests.recorder.device_jobs", job, out), capture_output=True, text=True,
                               timeout=120, env=env_with_root(env), cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return facts(done.stdout)
@@ -70,6 +70,25 @@ def test_the_c_hot_path_records_device_ops_as_the_python_wrapper_does(runs: dict
     assert len(c["rows"]) == len(py["rows"])
     for ours, reference in zip(c["rows"], py["rows"], strict=True):
         assert ours == reference
+    for key in ("returned", "captured", "open", "tables"):
+        assert c[key] == py[key], key
+
+
+def test_a_bare_call_on_the_default_group_is_forced_async_as_in_python() -> None:
+    """`all_reduce(t)` on a device tensor of the default group passes fewer positional arguments than
+    `async_op`'s position: the C hot path fills the defaults before it (`fastpath._async_fill`) and
+    records what the Python wrapper records, with device start and end times, returning None."""
+    if not fastpath.available():
+        pytest.skip("the C hot path is off or not built")
+    c, py = _run("1", job="default_group_ops"), _run("0", job="default_group_ops")
+    assert c["fast"] and c["python_device_calls"] == 0 and not py["fast"]
+    devices = [row for row in py["rows"] if row["device"] == "meta"]
+    assert [row["op"] for row in devices] == ["all_reduce", "all_reduce", "all_reduce", "all_gather"]
+    assert all(row["dev_start"] and row["dev_end"] and row["state"] == "completed" and not row["is_async"]
+               for row in devices), devices
+    assert [row["reduce_op"].rsplit(".", 1)[-1] for row in devices[1:3]] == ["SUM", "MAX"]  # the default, then given
+    assert py["returned"] == ["None", "None", "None"]
+    assert c["rows"] == py["rows"]
     for key in ("returned", "captured", "open", "tables"):
         assert c[key] == py[key], key
 
