@@ -1715,6 +1715,7 @@ static PyObject *complete_unmeasured(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *entry = PyList_GET_ITEM(entries, i);
         EntryObject *e = EN(entry);
+        if (e->state != ENQUEUED && e->state != STARTED) continue; /* settled meanwhile (failed): as it is */
         e->t_complete_ns = NO_TIME;
         e->state = COMPLETED;
         PyObject *work = e->work;
@@ -1736,7 +1737,8 @@ static PyObject *complete_unmeasured(PyObject *module, PyObject *args)
 }
 
 /* Recorder.poll_works's walk over `polled` (the device and late ops the watchdog polls): each entry
- * sorted, with no Python frame per op, into (stale keys to drop, in-order streams, others, misses).
+ * sorted, with no Python frame per op, into (stale keys to drop, in-order streams: lists of their
+ * entries, oldest first, with no tuple per op; others and misses: (key, entry, Work) tuples).
  * A stream is (group, peer for p2p else -1, device) of an op on a device whose backend completes one
  * stream's Works in issue order (`in_order`: (group, device) -> bool, Recorder._in_order's cache);
  * `misses` are ops whose (group, device) is not in that cache yet: Python sorts them. */
@@ -1801,9 +1803,7 @@ static PyObject *scan_polled(PyObject *module, PyObject *args)
                 Py_XDECREF(peer);
                 last_ops = ops, last_peer = peer_rank;
             }
-            PyObject *pair = ops ? PyTuple_Pack(2, entry, work) : NULL;
-            rc = pair ? PyList_Append(ops, pair) : -1;
-            Py_XDECREF(pair);
+            rc = ops ? PyList_Append(ops, entry) : -1; /* its Work is read from it when the bisection asks */
         }
         if (rc < 0) goto fail;
     }

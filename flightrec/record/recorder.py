@@ -44,18 +44,20 @@ TRUST_AFTER = 8  # calls of an API whose counter step agreed before the step is 
 RECHECK_EVERY = 64  # a predicted step is still read and checked on every 64th entry
 
 
-def _done_in_order(works: list[Any]) -> int | None:
-    """How many of one stream's Works (oldest first) are done, asking the newest first and then by
+def _done_in_order(ops: list[Entry]) -> int | None:
+    """How many of one stream's ops (oldest first) are done, asking the newest's Work first and then by
     bisection; None when one raised, or the newest reads as completed while holding an error (NCCL's,
-    once its communicator failed)."""
+    once its communicator failed). Each Work is read from its entry when asked (only O(log n) are): an
+    entry settled meanwhile (its Work let go) counts as done."""
     try:
-        newest = works[-1]
-        if newest.is_completed():
-            return None if newest.exception() is not None else len(works)
-        done, not_done = 0, len(works) - 1
+        newest = ops[-1].work
+        if newest is None or newest.is_completed():
+            return None if newest is not None and newest.exception() is not None else len(ops)
+        done, not_done = 0, len(ops) - 1
         while done < not_done:
             middle = (done + not_done) // 2
-            if works[middle].is_completed():
+            work = ops[middle].work
+            if work is None or work.is_completed():
                 done = middle + 1
             else:
                 not_done = middle
@@ -472,7 +474,7 @@ class Recorder:
         for key, entry, work in misses:  # a (group, device) seen for the first time
             if self._in_order(entry.group, entry.device):
                 stream = (entry.group, entry.peer if entry.kind == "p2p" else -1, entry.device)
-                streams.setdefault(stream, []).append((entry, work))
+                streams.setdefault(stream, []).append(entry)
             else:
                 others.append((key, entry, work))
         for key, entry, work in others:
@@ -483,18 +485,19 @@ class Recorder:
         if done:
             self._complete_unmeasured(done)
 
-    def _scan_polled(self) -> tuple[list[int], dict[tuple[str, int, str], list[tuple[Entry, Any]]],
+    def _scan_polled(self) -> tuple[list[int], dict[tuple[str, int, str], list[Entry]],
                                     list[tuple[int, Entry, Any]], list[tuple[int, Entry, Any]]]:
-        """`polled` sorted for the poll: (keys of settled entries, in-order device streams, others,
-        misses: device ops whose (group, device) `_in_order` has not looked up yet). In one C call where
-        the extension is built: a Python walk cost the watchdog ~1.5 µs per device op, GIL held."""
+        """`polled` sorted for the poll: (keys of settled entries, in-order device streams: their entries,
+        oldest first, others and misses: (key, entry, Work), misses being device ops whose (group, device)
+        `_in_order` has not looked up yet). In one C call where the extension is built: a Python walk
+        cost the watchdog ~1.5 µs per device op, GIL held."""
         if _C_SCAN is not None:
             try:
                 return _C_SCAN(self.polled, self._in_order_groups)  # type: ignore[no-any-return]
             except Exception:  # noqa: BLE001 - an entry not of the C layout: the walk below
                 pass
         stale: list[int] = []
-        streams: dict[tuple[str, int, str], list[tuple[Entry, Any]]] = {}
+        streams: dict[tuple[str, int, str], list[Entry]] = {}
         others: list[tuple[int, Entry, Any]] = []
         misses: list[tuple[int, Entry, Any]] = []
         for key, entry in list(self.polled.items()):
@@ -507,7 +510,7 @@ class Recorder:
                 misses.append((key, entry, work))
             else:
                 stream = (entry.group, entry.peer if entry.kind == "p2p" else -1, entry.device)
-                streams.setdefault(stream, []).append((entry, work))
+                streams.setdefault(stream, []).append(entry)
         return stale, streams, others, misses
 
     def _complete_unmeasured(self, entries: list[Entry]) -> None:
@@ -538,18 +541,19 @@ class Recorder:
         group = self._group_by_name(group_name)
         return type(group) is StreamGroupState
 
-    def _poll_in_order(self, ops: list[tuple[Entry, Any]], done: list[Entry]) -> None:
+    def _poll_in_order(self, ops: list[Entry], done: list[Entry]) -> None:
         """One device stream's pending ops, oldest first: they finish in that order, so the newest done
         means all are, and otherwise bisection finds where the done ones end, in O(log n) queries
         instead of one per op (each ~1.2 µs on NCCL, with the GIL held). Any error: each op on its own.
         The ops found done go to `done` (completed unmeasured: their end events say when)."""
-        ended = _done_in_order([work for _, work in ops])
+        ended = _done_in_order(ops)
         if ended is None:  # an error on the stream: find which ops failed, one by one
-            for entry, work in ops:
-                if not self._poll_one(entry, work, done):
+            for entry in ops:
+                work = entry.work
+                if work is not None and not self._poll_one(entry, work, done):
                     self.polled.pop(entry.id, None)
             return
-        done.extend(entry for entry, _ in ops[:ended])
+        done += ops[:ended]
 
     def _poll_one(self, entry: Entry, work: Any, done: list[Entry]) -> bool:
         """Complete `entry` if its Work is done (a device or late op: added to `done`, completed
