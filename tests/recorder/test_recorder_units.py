@@ -463,3 +463,52 @@ def test_the_timeout_checks_filter_in_c_finds_what_the_python_walk_finds(monkeyp
     assert sorted(e.id for e in rec.in_flight(60)) == expected == c_found
     assert sorted(e.id for e in rec.in_flight()) == [0, 1, 4, 5, 6]
     assert c_filter is not None or os.environ.get("FLIGHTREC_FASTPATH") == "0"
+
+
+class _StreamWork:
+    """A device stream's Work as the in-order poll asks it: done or not, never failed."""
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.asked = done, 0
+
+    def is_completed(self) -> bool:
+        self.asked += 1
+        return self.done
+
+    def exception(self) -> None:
+        return None
+
+
+def _stream_op(record_id: int, work: _StreamWork | None) -> entry_module.Entry:
+    op = entry_module.Entry(record_id, "0", "coll", "all_reduce", "all_reduce")
+    op.work = work
+    return op
+
+
+def test_the_in_order_poll_reads_each_work_from_its_entry_when_asked() -> None:
+    """A stream's ops are listed as entries (no per-op tuple): the bisection reads the Works it asks
+    (O(log n)), and an entry settled since the walk (its Work let go) counts as done."""
+    from flightrec.record.recorder import _done_in_order
+
+    works = [_StreamWork(i < 5) for i in range(8)]
+    ops = [_stream_op(i, w) for i, w in enumerate(works)]
+    assert _done_in_order(ops) == 5
+    assert sum(w.asked for w in works) <= 4  # the newest, then log2(8) by bisection
+    ops[5].work = ops[6].work = None  # settled meanwhile (a failure found by its wait)
+    assert _done_in_order(ops) == 7
+    ops[7].work = None
+    assert _done_in_order(ops) == 8
+
+
+@pytest.mark.skipif(not fastpath.available(), reason="the C hot path is off or not built")
+def test_the_polls_completion_leaves_an_op_settled_since_the_walk_as_it_is() -> None:
+    """`_fastpath.complete_unmeasured`, as `Recorder._complete_unmeasured`'s Python reference: only ops
+    still pending are completed; one marked failed between the walk and the completion stays failed."""
+    complete = native.c_module().complete_unmeasured
+    pending, failed = _stream_op(1, _StreamWork(True)), _stream_op(2, None)
+    failed.state, failed.error = "failed", "RuntimeError: aborted"
+    polled = {1: pending, 2: failed}
+    complete([pending, failed], {}, {}, polled, None)
+    assert (pending.state, pending.work, pending.t_complete_ns) == ("completed", None, None)
+    assert (failed.state, failed.error) == ("failed", "RuntimeError: aborted")
+    assert polled == {2: failed}
