@@ -47,17 +47,21 @@ RECHECK_EVERY = 64  # a predicted step is still read and checked on every 64th e
 def _done_in_order(ops: list[Entry]) -> int | None:
     """How many of one stream's ops (oldest first) are done, asking the newest's Work first and then by
     bisection; None when one raised, or the newest reads as completed while holding an error (NCCL's,
-    once its communicator failed). Each Work is read from its entry when asked (only O(log n) are): an
-    entry settled meanwhile (its Work let go) counts as done."""
+    once its communicator failed). Each Work is read from its entry when asked (only O(log n) are). An
+    entry settled since the walk (its Work let go: a failed wait, say) never counts as done: a newest one
+    sends the stream to the one-by-one poll (None), one in the middle ends the done ones before it (the
+    next poll, which no longer lists it, goes on past it)."""
     try:
         newest = ops[-1].work
-        if newest is None or newest.is_completed():
-            return None if newest is not None and newest.exception() is not None else len(ops)
+        if newest is None:
+            return None
+        if newest.is_completed():
+            return None if newest.exception() is not None else len(ops)
         done, not_done = 0, len(ops) - 1
         while done < not_done:
             middle = (done + not_done) // 2
             work = ops[middle].work
-            if work is None or work.is_completed():
+            if work is not None and work.is_completed():
                 done = middle + 1
             else:
                 not_done = middle

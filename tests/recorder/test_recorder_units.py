@@ -487,17 +487,21 @@ def _stream_op(record_id: int, work: _StreamWork | None) -> entry_module.Entry:
 
 def test_the_in_order_poll_reads_each_work_from_its_entry_when_asked() -> None:
     """A stream's ops are listed as entries (no per-op tuple): the bisection reads the Works it asks
-    (O(log n)), and an entry settled since the walk (its Work let go) counts as done."""
+    (O(log n)). An entry settled since the walk (its Work let go: a failed wait) never counts as done,
+    so no op before it is completed on its account; a settled newest sends the stream op by op."""
     from flightrec.record.recorder import _done_in_order
 
     works = [_StreamWork(i < 5) for i in range(8)]
     ops = [_stream_op(i, w) for i, w in enumerate(works)]
     assert _done_in_order(ops) == 5
     assert sum(w.asked for w in works) <= 4  # the newest, then log2(8) by bisection
-    ops[5].work = ops[6].work = None  # settled meanwhile (a failure found by its wait)
-    assert _done_in_order(ops) == 7
+    works[5].done = works[6].done = works[7].done = True
+    ops[3].work = None  # failed meanwhile: it may have timed out behind a stuck op 2
+    assert _done_in_order(ops) == 8  # the newest is done: in issue order, so is every op before it
+    works[7].done = False
+    assert _done_in_order(ops) == 3  # not past the settled op 3: the next poll, without it, goes on
     ops[7].work = None
-    assert _done_in_order(ops) == 8
+    assert _done_in_order(ops) is None  # one by one
 
 
 @pytest.mark.skipif(not fastpath.available(), reason="the C hot path is off or not built")
