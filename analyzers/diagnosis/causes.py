@@ -137,18 +137,22 @@ def find_causes(
     causes = _drop_explained_by_shifts(causes, matched.shifts)
     _mismatch_sites(causes, entries)
     _other_threads(causes, dumps)
+    deadlocked = {c.rank for c in causes if c.kind == KIND_DEADLOCK}
     causes, left_behind = _failure_causes(ev, causes, failures or [])
     _name_victims(ev, causes, failures or [], left_behind)
     causes.sort(key=_listing_key)
-    in_deadlock = {c.rank for c in causes if c.kind == KIND_DEADLOCK}
+    # the cycles whose deadlock causes the failures' order set aside as a crash's victims (`_victims_only`)
+    deadlocked -= {c.rank for c in causes if c.kind == KIND_DEADLOCK}
+    victims = [cycle for cycle in cycles if set(cycle) <= deadlocked]
+    notes += [_victims_note(cycle, causes) for cycle in victims]
+    return CauseResult(causes=causes, cycles=[cycle for cycle in cycles if cycle not in victims], notes=notes)
+
+
+def _victims_note(cycle: list[int], causes: list[Cause]) -> str:
     crashed = sorted(c.rank for c in causes if c.kind == CRASHED)
-    for cycle in cycles:
-        if not set(cycle) <= in_deadlock:  # `_victims_only`: said, not named a cause
-            notes.append(f"a wait cycle among ranks {ranges(cycle)} is not named a deadlock: it was read after "
-                         f"rank{'s' if len(crashed) > 1 else ''} {ranges(crashed)} crashed, and each of its ranks "
-                         "then lost its connection or was terminated")
-    cycles = [cycle for cycle in cycles if set(cycle) <= in_deadlock]
-    return CauseResult(causes=causes, cycles=cycles, notes=notes)
+    after = f"rank{'s' if len(crashed) > 1 else ''} {ranges(crashed)} crashed" if crashed else "a crash"
+    return (f"a wait cycle among ranks {ranges(cycle)} is not named a deadlock: it was read after {after}, and each "
+            "of its ranks then lost its connection or was terminated")
 
 
 @dataclass(frozen=True)
