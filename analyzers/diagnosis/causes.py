@@ -152,7 +152,7 @@ def _victims_note(cycle: list[int], causes: list[Cause]) -> str:
     crashed = sorted(c.rank for c in causes if c.kind == CRASHED)
     after = f"rank{'s' if len(crashed) > 1 else ''} {ranges(crashed)} crashed" if crashed else "a crash"
     return (f"a wait cycle among ranks {ranges(cycle)} is not named a deadlock: it was read after {after}, and each "
-            "of its ranks then lost its connection or was terminated")
+            "of its ranks crashed or then lost its connection or was terminated")
 
 
 @dataclass(frozen=True)
@@ -355,7 +355,7 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
                 NOT_ENTERED, MISSING_DUMP, COMM_STUCK):
             continue  # a consequence of the crash, listed under `failures` (a mismatch of its own stays)
         elif c.kind == KIND_DEADLOCK and roots and _victims_only(c.ranks, roots, by_rank):
-            continue  # a cycle among the crash's victims, read from op states after it broke their groups
+            continue  # the crash and its victims, read from op states after it broke their groups
         kept.append(c)
     named = {c.rank for c in kept}
     for r in sorted(roots - named):
@@ -366,12 +366,13 @@ def _order_failures(causes: list[Cause], failures: list[fail.Failure], dumps: di
 
 
 def _victims_only(cycle: list[int], roots: set[int], by_rank: dict[int, fail.Failure]) -> bool:
-    """Whether every rank of a wait cycle only lost its connection or was terminated after a crash
-    elsewhere: its waits were read after the crash broke their groups (on a device backend a failed op
-    is retired as completed in PyTorch's recorder, so one rank's failed ops read done and another's
-    pending, and they seem to wait on each other), so they are the crash's victims, not a deadlock."""
-    return not set(cycle) & roots and all(
-        r in by_rank and by_rank[r].kind in (fail.PEER_LOST, fail.TERMINATED) for r in cycle)
+    """Whether every rank of a wait cycle either crashed first (`roots`: it died of its own error, so its
+    last ops froze pending and it waits for nobody) or then only lost its connection or was terminated:
+    the waits were read after the crash broke their groups (on a device backend a failed op is retired as
+    completed in PyTorch's recorder, so one rank's failed ops read done and another's pending, and they
+    seem to wait on each other), so the cycle is the crash and its victims, not a deadlock. A rank that
+    timed out, or exited cleanly, keeps the cycle."""
+    return all(r in roots or (r in by_rank and by_rank[r].kind in (fail.PEER_LOST, fail.TERMINATED)) for r in cycle)
 
 
 def _deserted(causes: list[Cause], failures: list[fail.Failure], absent: dict[int, str], entries: pd.DataFrame,

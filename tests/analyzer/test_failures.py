@@ -201,22 +201,23 @@ def test_every_failure_and_exit_is_on_the_first_screen(tmp_path: Path) -> None:
 
 
 
-def _crossed_after_a_crash(tmp_path: Path, own_error_on: int | None) -> dict:
+
+def _crossed_after_a_crash(tmp_path: Path, also: dict[int, str]) -> dict:
     """Ranks 0 and 2 each wait in a group the other has not entered (a wait cycle), rank 3 waits with 0;
-    rank 1 raised its own error at 1.0 s (or, with `own_error_on`, that rank of the cycle raised one
-    first); the rest lost their connection or were terminated."""
+    rank 1 raised its own error at 1.0 s, rank 0 then lost its connection, 2 and 3 were terminated;
+    `also`: rank -> the error it raised at 0.5 s instead."""
     job = Job(4)
     a, b = job.group("1", [0, 1, 2]), job.group("2", [0, 2, 3])
     job.collective("0", "all_reduce")
     job.collective(a, "all_reduce", ranks=[0, 1], state="started")
     job.collective(b, "all_reduce", ranks=[2, 3], state="started")
     _died(job, 1, "ValueError: gradient check failed in RaiseInBackward.backward", 1.0)
-    if own_error_on is not None:
-        _died(job, own_error_on, "ValueError: loss is NaN", 0.5)
-    if own_error_on != 0:
-        _died(job, 0, GLOO_CLOSED, 1.2)
-    for r in (2, 3):
-        if r != own_error_on:
+    for r in (0, 2, 3):
+        if r in also:
+            _died(job, r, also[r], 0.5)
+        elif r == 0:
+            _died(job, 0, GLOO_CLOSED, 1.2)
+        else:
             job.set(r, reason="signal", dump_time_ns=WALL_BASE_NS + int(1.5e9))
     return analyzers.load(job.write(tmp_path)).report()
 
@@ -226,16 +227,28 @@ def test_a_wait_cycle_among_a_crashs_victims_is_not_a_deadlock(tmp_path: Path) -
     under CI's load on the emulated NCCL, where a failed op is retired as completed in PyTorch's
     recorder, so one rank's failed ops read done and another's pending). Every rank of the cycle lost
     its connection or was terminated after the crash: the crash is the cause, the cycle a note."""
-    report = _crossed_after_a_crash(tmp_path, None)
+    report = _crossed_after_a_crash(tmp_path, {})
     assert report["verdict"] == "crash", report["summary"]
     assert causes(report) == [(1, "crashed")], report["root_causes"]
     assert report["cycles"] == []
     assert any("wait cycle among ranks 0, 2" in gap and "rank 1 crashed" in gap for gap in report["gaps"]), report["gaps"]
 
 
-def test_a_wait_cycle_with_an_own_error_in_it_stays_a_deadlock(tmp_path: Path) -> None:
-    """The same cycle, but rank 2 of it raised its own error first: not a mere victim, so the cycle is not
-    set aside (the verdict stays with the cycle, as before)."""
-    report = _crossed_after_a_crash(tmp_path / "own", 2)
+def test_a_wait_cycle_through_a_rank_that_died_of_its_own_error_is_the_crash(tmp_path: Path) -> None:
+    """Rank 2 of the cycle raised its own error first (seen under load on the emulated NCCL: the rank whose
+    backward raised read as waiting in DDP's broadcast, its peer in the all_gather before it): a rank
+    that died waits for nobody, its last ops froze pending. The crashes are the causes, never a deadlock
+    naming rank 0, which only lost its connection."""
+    report = _crossed_after_a_crash(tmp_path / "own", {2: "ValueError: loss is NaN"})
+    assert report["verdict"] == "crash", report["summary"]
+    assert causes(report) == [(1, "crashed"), (2, "crashed")], report["root_causes"]
+    assert report["cycles"] == []
+
+
+def test_a_wait_cycle_with_a_timed_out_rank_in_it_stays_a_deadlock(tmp_path: Path) -> None:
+    """The same cycle, but rank 2 of it timed out waiting (its watchdog's timeout, not a lost connection):
+    it was alive and waiting, so the cycle is not a crash's consequence and stays a deadlock."""
+    report = _crossed_after_a_crash(tmp_path / "timeout", {2: "RuntimeError: [gloo] Timed out waiting 1800000ms "
+                                                              "for recv operation to complete"})
     assert report["cycles"] == [[0, 2]], report["summary"]
     assert report["verdict"] == "deadlock"
