@@ -48,7 +48,7 @@ class _Armed:
         self.term.before_death = self.watchdog.discard_unused_stacks  # no atexit on a death by signal
         self.dump_lock = threading.Lock()
         self.recorder.on_failure = self._on_failure
-        self.recorder.poll_soon = self.recorder.catch_up  # many ops waiting to be polled: poll now, on that thread
+        self.recorder.poll_soon = self.recorder.catch_up_due  # many ops waiting to be polled: poll now, on that thread
         self.crashed = False  # an uncaught exception was dumped: the exit record must not replace it
         self.failure_dumped_at = -1e18  # monotonic time of the last failure dump (FAILURE_REASONS)
         self.evidence_written = False  # a dump for a reason (not a snapshot, not `recovered`) is in the folder: keep it

@@ -36,6 +36,8 @@ _C_SCAN = getattr(c_module(), "scan_polled", None)
 _C_ISSUED_BEFORE = getattr(c_module(), "issued_before", None)
 _Tensor = torch.Tensor
 _UNSEEN = object()
+# Ids between catch-ups of the device ops in `polled` on the issuing thread (`Recorder.poll_soon_at`)
+POLL_SOON_AT = 16
 _SETTLED = ("completed", "failed")  # entries nothing refers to any more: safe to reuse
 # An error raised by a collective backend (gloo's transport, NCCL, HCCL), not by the job's own code.
 BACKEND_ERROR = re.compile(r"[/\\]gloo[/\\]|\bgloo\b|ProcessGroup(Gloo|NCCL|HCCL)|\bNCCL\b|\bHCCL\b", re.IGNORECASE)
@@ -45,19 +47,27 @@ RECHECK_EVERY = 64  # a predicted step is still read and checked on every 64th e
 
 
 def _done_in_order(ops: list[Entry]) -> int | None:
-    """How many of one stream's ops (oldest first) are done, asking the newest's Work first and then by
-    bisection; None when one raised, or the newest reads as completed while holding an error (NCCL's,
-    once its communicator failed). Each Work is read from its entry when asked (only O(log n) are). An
-    entry settled since the walk (its Work let go: a failed wait, say) never counts as done: a newest one
-    sends the stream to the one-by-one poll (None), one in the middle ends the done ones before it (the
-    next poll, which no longer lists it, goes on past it)."""
+    """How many of one stream's ops (oldest first) are done, asking the newest's Work first, then the
+    one before it, then by bisection; None when one raised, or the newest reads as completed while
+    holding an error (NCCL's, once its communicator failed). Why the one before the newest: a catch-up
+    runs as an op is filed, and on a GPU that op has just been queued, while a device that keeps up
+    has run the rest: two queries, not 1 + log2(n) (~1.2 µs each on NCCL). Each Work is read from its
+    entry when asked (only O(log n) are). An entry settled since the walk (its Work let go: a failed
+    wait, say) never counts as done: a newest one sends the stream to the one-by-one poll (None), one
+    in the middle ends the done ones before it (the next poll, which no longer lists it, goes on past it)."""
     try:
         newest = ops[-1].work
         if newest is None:
             return None
         if newest.is_completed():
             return None if newest.exception() is not None else len(ops)
-        done, not_done = 0, len(ops) - 1
+        not_done = len(ops) - 1
+        if not_done > 0:
+            work = ops[-2].work
+            if work is not None and work.is_completed():
+                return not_done
+            not_done -= 1
+        done = 0
         while done < not_done:
             middle = (done + not_done) // 2
             work = ops[middle].work
@@ -123,14 +133,16 @@ class Recorder:
         # Both are polled by the watchdog (Work.is_completed) for ops nobody waits on.
         self.polled: dict[int, Entry] = {}  # entry id -> device ops whose Work has no future
         self.by_work: dict[int, Entry] = {}  # id(Work) -> CPU op, for the Work.wait wrapper
-        # An op filed in `polled` this many ids after the oldest there calls `poll_soon` (armed: `catch_up`)
+        # An op filed in `polled` this many ids after the oldest there calls `poll_soon` (armed: `catch_up_due`)
         # instead of waiting for the watchdog's tick (`_file_polled`): ops that come faster than the ring
         # per tick are then seen complete before the ring wraps over them (their slots and events reused,
-        # their Works let go young), which cost ~8-14 µs per op otherwise (docs/overhead.md). 128, not more:
-        # the Works and entries held until their poll slow every op (1,000: +1.3 µs per device op on the stand-in).
-        self.poll_soon_at = max(16, min(self.ring.capacity // 2, 128))
+        # their Works let go young), which cost ~8-14 µs per op otherwise (docs/overhead.md). 16, not more:
+        # the Works held until their poll slow every op (128: +0.5-1 µs per device op on the stand-in,
+        # 1,000: +1.3 µs more); a catch-up that leaves many ops running spaces the next out (`catch_up_due`).
+        self.poll_soon_at = POLL_SOON_AT
+        self.poll_soon_most = max(POLL_SOON_AT, self.ring.capacity // 2)  # ... up to half the ring
         self.poll_soon: Callable[[], None] | None = None
-        self.poll_due = 0  # the id from which a filed op calls `poll_soon` (the C hot path keeps it too)
+        self.poll_due = 0  # the id from which a filed op calls `poll_soon` (the C hot path reads it too)
         self._catching_up = threading.Lock()  # one poll at a time: `catch_up`, on any thread
         # The C hot path's latest async op not waited on yet (.work, .entry), kept out of by_work:
         # see AsyncSlot in _fastpath.c. None without the C hot path.
@@ -361,7 +373,8 @@ class Recorder:
         """Into `polled`. The only op there sets when a catch-up falls due: `poll_soon_at` ids later,
         counted in ids, as the ring turns for every op, a CPU group's too; an op filed at or past it
         calls `poll_soon` (a catch-up on this thread), and the next falls due `poll_soon_at` ids later
-        (so again if a poll could not keep up). The C hot path does the same (`_fastpath.c` poll_soon)."""
+        (so again if a poll could not keep up; armed, `catch_up_due` puts it further on while the device
+        is behind). The C hot path does the same (`_fastpath.c` poll_soon)."""
         self.polled[entry.id] = entry
         if len(self.polled) > 1 and entry.id < self.poll_due:
             return
@@ -441,19 +454,30 @@ class Recorder:
             return slot.entry
         return self.by_work.get(id(work)) if self.by_work else None
 
-    def catch_up(self, wait: bool = False) -> None:
+    def catch_up(self, wait: bool = False) -> bool:
         """Poll the ops waiting in `polled`, here and now: the watchdog's tick does (`wait=True`), and so
         does the training thread whose op fell due (`poll_soon`, `_file_polled`),
         at once and without waiting for the lock. Why not wake the watchdog for it: while it waited for
         the GIL, every release of the GIL by the training thread (two or three per op, in torch's
         bindings) woke it in vain: back-to-back device ops cost +13.7 µs each that way, +4.5 this way
-        (docs/overhead.md), GIL held, with no thread switch."""
+        (docs/overhead.md), GIL held, with no thread switch. False: another thread was polling them."""
         if not self._catching_up.acquire(blocking=wait):
-            return  # another thread is polling them now
+            return False
         try:
             self.poll_works()
         finally:
             self._catching_up.release()
+        return True
+
+    def catch_up_due(self) -> None:
+        """`poll_soon` as armed: the catch-up of an op that fell due (`poll_due` was just set `poll_soon_at`
+        ids on), and when it left more ops running than that (a device behind the host), the next falls
+        due as many ids on as it left (at most `poll_soon_most`): each catch-up walks every op in `polled`,
+        so a device many ops behind would otherwise cost a walk of them all every `poll_soon_at` ops."""
+        if self.catch_up():
+            left = len(self.polled)
+            if left > self.poll_soon_at:
+                self.poll_due += min(left, self.poll_soon_most) - self.poll_soon_at
 
     def poll_works(self) -> None:
         """Watchdog side: complete entries whose Work finished without telling us."""

@@ -387,34 +387,56 @@ def poll_soon(out: str, name: str) -> None:
     on a device whose ops end at once, first with the recorder's `poll_soon` unplugged (the control),
     then plugged in as armed (a catch-up on the issuing thread): how many of each batch were completed
     1.5 s later (armed: once no more than the last 10 are left to poll, 10 s at most). Then `mixed`:
-    half as many device ops, each followed by two ops of a CPU group (as a job with a gloo group
-    beside NCCL's), which turn the ring while `polled` never holds `poll_soon_at` ops."""
+    `poll_soon_at // 2 + 2` device ops, each followed by two ops of a CPU group (as a job with a gloo
+    group beside NCCL's), which turn the ring while `polled` never holds `poll_soon_at` ops. Then
+    `behind`: 200 async ops on a device that runs none of them yet (their Works stay running until the
+    end): how many catch-ups ran and how many ops they walked, and how many were completed once the
+    device caught up and one more poll ran."""
+    from torch._C._distributed_c10d import _create_work_from_future
+
     import flightrec
     import flightrec.arming as control
     from flightrec.record.device_timing import DeviceTiming
 
+    running: list[Any] = []
+
+    class Behind(standin.StandinProcessGroup):
+        def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+            later: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+            running.append((later, tensors))
+            return _create_work_from_future(later)
+
     dist.Backend.register_backend(name, lambda store, rank, size, timeout: standin.StandinProcessGroup(rank, size),
+                                  devices=["cpu", "meta"])
+    dist.Backend.register_backend(name + "behind", lambda store, rank, size, timeout: Behind(rank, size),
                                   devices=["cpu", "meta"])
     flightrec.enable(dir=out, timeout_s=600, poll_s=3600)  # the tick an hour away
     rec = control.current().recorder
     rec.device_timing = DeviceTiming(factory=standin.StandinEvent, capturing=lambda device: False)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     pg = dist.new_group(backend=name)
+    behind = dist.new_group(backend=name + "behind")
     t = torch.ones(4, device="meta")
     _past_the_first_tick()
     rec.poll_works()
-    wake, batches, threads = rec.poll_soon, {}, set()
+    wake, batches, threads, walked = rec.poll_soon, {}, set(), []
 
     def noting_the_thread() -> None:
         threads.add(threading.current_thread().name)
+        walked.append(len(rec.polled))
         type(rec).poll_works(rec)
 
     cpu = torch.ones(2)
-    for label, plugged in (("unplugged", None), ("armed", wake), ("mixed", wake)):
+    for label, plugged in (("unplugged", None), ("armed", wake), ("mixed", wake), ("behind", wake)):
         rec.poll_soon = plugged
         first = rec.ring.recorded
+        walked.clear()
         rec.poll_works = noting_the_thread  # type: ignore[method-assign]
-        for _ in range(rec.poll_soon_at // 2 + 10 if label == "mixed" else rec.poll_soon_at + 10):
+        works = []
+        for _ in range({"mixed": rec.poll_soon_at // 2 + 2, "behind": 200}.get(label, rec.poll_soon_at + 10)):
+            if label == "behind":
+                works.append(dist.all_reduce(t, group=behind, async_op=True))
+                continue
             dist.all_reduce(t, group=pg)
             if label == "mixed":
                 dist.all_reduce(cpu)
@@ -425,8 +447,14 @@ def poll_soon(out: str, name: str) -> None:
             time.sleep(0.05)
         mine = [e for e in rec.entries() if e.id >= first and e.device == "meta"]
         batches[label] = {"ops": len(mine), "completed": sum(e.state == "completed" for e in mine)}
+        if label == "behind":
+            batches[label].update(catch_ups=len(walked), walked=sum(walked))
+            for later, tensors in running:
+                later.set_result(tensors)  # the device catches up
         rec.poll_works()  # by hand: the next batch starts with nothing left to poll
-    emit(poll_soon_at=rec.poll_soon_at, batches=batches, plugged_is_the_catch_up=wake == rec.catch_up,
+        if label == "behind":
+            batches[label]["completed_after"] = sum(e.state == "completed" for e in mine)
+    emit(poll_soon_at=rec.poll_soon_at, batches=batches, plugged_is_the_catch_up=wake == rec.catch_up_due,
          polled_on=sorted(threads))
     dist.destroy_process_group()
     flightrec.disable()

@@ -494,11 +494,16 @@ def test_the_in_order_poll_reads_each_work_from_its_entry_when_asked() -> None:
     works = [_StreamWork(i < 5) for i in range(8)]
     ops = [_stream_op(i, w) for i, w in enumerate(works)]
     assert _done_in_order(ops) == 5
-    assert sum(w.asked for w in works) <= 4  # the newest, then log2(8) by bisection
-    works[5].done = works[6].done = works[7].done = True
+    assert sum(w.asked for w in works) <= 5  # the newest, the one before it, then log2(6) by bisection
+    works[5].done = works[6].done = True
+    for work in works:
+        work.asked = 0
+    assert _done_in_order(ops) == 7  # all but the newest, just queued (a GPU that keeps up) ...
+    assert sum(w.asked for w in works) == 2  # ... in two queries
+    works[7].done = True
     ops[3].work = None  # failed meanwhile: it may have timed out behind a stuck op 2
     assert _done_in_order(ops) == 8  # the newest is done: in issue order, so is every op before it
-    works[7].done = False
+    works[6].done = works[7].done = False
     assert _done_in_order(ops) == 3  # not past the settled op 3: the next poll, without it, goes on
     ops[7].work = None
     assert _done_in_order(ops) is None  # one by one
