@@ -993,17 +993,17 @@ static int timing_end(PyObject *timing, PyObject *entry, int since_issue)
     return 0;
 }
 
-/* Recorder._file_polled's rule: the op with id `record_id` goes into `polled` (`filed`: it is there already;
- * 0: right after this). When it is the only one there, the catch-up falls due poll_soon_at ids later
+/* Recorder._file_polled's rule: the op with id `record_id` goes into `polled` right after this. When it
+ * will be the only one there, the catch-up falls due poll_soon_at ids later
  * (Recorder.poll_due); when it is past that, its ops are polled now, on this thread (Recorder.poll_soon,
  * armed as catch_up_due, which may put the next further on), rather than at the watchdog's next tick,
  * before the ring wraps over ops not seen complete, and the next is due poll_soon_at ids later. Counted
  * in ids, not in ops filed: the ring also turns for the other ops (a CPU group's) in between. An error
  * is left to the tick, which polls too. */
-static void poll_soon(Leaf *self, long long record_id, int filed)
+static void poll_soon(Leaf *self, long long record_id)
 {
     if (self->poll_soon_at <= 0) return;
-    int first = PyDict_GET_SIZE(self->polled) == (filed ? 1 : 0);
+    int first = PyDict_GET_SIZE(self->polled) == 0;
     if (!first) {
         PyObject *due = PyDict_GetItemWithError(self->rec_dict, s_poll_due);
         int ok = 1;
@@ -1032,16 +1032,15 @@ static void poll_soon(Leaf *self, long long record_id, int filed)
  * (Work.is_completed, then Work.exception: a failure is found there) and, for an async op, found by
  * its Work.wait (`file_async`, as a CPU op's). Its future is not watched: NCCL (and torch_npu's
  * HCCL) complete it with its value as soon as the op is queued, so it can never carry the op's error
- * (record/recorder.py `watch_work`). An async op is filed after a catch-up it makes due: that catch-up
- * would complete it (the stand-in's ops end at once) before its caller's wait, which would then find
- * no op of its own and take the Python path (~2,000 instructions per catch-up). */
+ * (record/recorder.py `watch_work`). The op is filed after the catch-up it makes due (`_file_polled`
+ * too): that catch-up would complete it (the stand-in's ops end at once) before its caller's wait,
+ * which would then find no op of its own and take the Python path (~2,000 instructions per catch-up). */
 static void watch_device(Leaf *self, PyObject *entry, PyObject *work, int blocking, PyObject *key)
 {
     set_slot(entry, E_(work), work);
-    if (!blocking) poll_soon(self, EN(entry)->id, 0);
+    poll_soon(self, EN(entry)->id);
     if (key == NULL || PyDict_SetItem(self->polled, key, entry) < 0) PyErr_Clear(); /* key: the entry's id */
-    if (blocking) poll_soon(self, EN(entry)->id, 1);
-    else file_async(self, entry, work); /* its wait (Work.wait) places the end event */
+    if (!blocking) file_async(self, entry, work); /* its wait (Work.wait) places the end event */
 }
 
 /* patching._call_on_device after the call, for the C hot path's device op (`result` stolen). The

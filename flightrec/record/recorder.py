@@ -374,16 +374,17 @@ class Recorder:
         counted in ids, as the ring turns for every op, a CPU group's too; an op filed at or past it
         calls `poll_soon` (a catch-up on this thread), and the next falls due `poll_soon_at` ids later
         (so again if a poll could not keep up; armed, `catch_up_due` puts it further on while the device
-        is behind). The C hot path does the same (`_fastpath.c` poll_soon)."""
-        self.polled[entry.id] = entry
-        if len(self.polled) > 1 and entry.id < self.poll_due:
-            return
-        self.poll_due = entry.id + self.poll_soon_at
-        if len(self.polled) > 1 and self.poll_soon is not None:
-            try:
-                self.poll_soon()
-            except Exception:  # noqa: BLE001 - the tick polls anyway, and says what failed
-                pass
+        is behind). The op is filed after that catch-up: it would complete an op that ended at once
+        before its caller's wait. The C hot path does the same (`_fastpath.c` poll_soon, watch_device)."""
+        polled = self.polled
+        if not polled or entry.id >= self.poll_due:
+            self.poll_due = entry.id + self.poll_soon_at
+            if polled and self.poll_soon is not None:
+                try:
+                    self.poll_soon()
+                except Exception:  # noqa: BLE001 - the tick polls anyway, and says what failed
+                    pass
+        polled[entry.id] = entry
 
     def _on_device_future(self, entry: Entry, future: Any) -> None:
         """A stream-ordered future (done when the op was queued): only its error is news."""

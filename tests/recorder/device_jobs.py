@@ -389,9 +389,11 @@ def poll_soon(out: str, name: str) -> None:
     1.5 s later (armed: once no more than the last 10 are left to poll, 10 s at most). Then `mixed`:
     `poll_soon_at // 2 + 2` device ops, each followed by two ops of a CPU group (as a job with a gloo
     group beside NCCL's), which turn the ring while `polled` never holds `poll_soon_at` ops. Then
-    `behind`: 200 async ops on a device that runs none of them yet (their Works stay running until the
-    end): how many catch-ups ran and how many ops they walked, and how many were completed once the
-    device caught up and one more poll ran."""
+    `async`: `poll_soon_at` + 10 async ops, each waited on: how many of the waits took the Python path
+    (`Recorder.device_waited`; the C hot path's wait does its work itself). Then `behind`: 200 async
+    ops on a device that runs none of them yet (their Works stay running until the end): how many
+    catch-ups ran and how many ops they walked, and how many were completed once the device caught up
+    and one more poll ran."""
     from torch._C._distributed_c10d import _create_work_from_future
 
     import flightrec
@@ -427,15 +429,28 @@ def poll_soon(out: str, name: str) -> None:
         type(rec).poll_works(rec)
 
     cpu = torch.ones(2)
-    for label, plugged in (("unplugged", None), ("armed", wake), ("mixed", wake), ("behind", wake)):
+    python_waits = []
+    waited_in_python = rec.device_waited
+
+    def noting_the_wait(entry: Any, work: Any) -> None:
+        python_waits.append(entry.id)
+        waited_in_python(entry, work)
+
+    rec.device_waited = noting_the_wait  # type: ignore[method-assign]
+    batches_run = (("unplugged", None), ("armed", wake), ("mixed", wake), ("async", wake), ("behind", wake))
+    for label, plugged in batches_run:
         rec.poll_soon = plugged
         first = rec.ring.recorded
         walked.clear()
+        python_waits.clear()
         rec.poll_works = noting_the_thread  # type: ignore[method-assign]
         works = []
         for _ in range({"mixed": rec.poll_soon_at // 2 + 2, "behind": 200}.get(label, rec.poll_soon_at + 10)):
             if label == "behind":
                 works.append(dist.all_reduce(t, group=behind, async_op=True))
+                continue
+            if label == "async":
+                dist.all_reduce(t, group=pg, async_op=True).wait()
                 continue
             dist.all_reduce(t, group=pg)
             if label == "mixed":
@@ -446,7 +461,8 @@ def poll_soon(out: str, name: str) -> None:
         while time.monotonic() < deadline and (label != "armed" or len(rec.polled) > 10):
             time.sleep(0.05)
         mine = [e for e in rec.entries() if e.id >= first and e.device == "meta"]
-        batches[label] = {"ops": len(mine), "completed": sum(e.state == "completed" for e in mine)}
+        batches[label] = {"ops": len(mine), "completed": sum(e.state == "completed" for e in mine),
+                          "python_waits": len(python_waits)}
         if label == "behind":
             batches[label].update(catch_ups=len(walked), walked=sum(walked))
             for later, tensors in running:

@@ -69,8 +69,15 @@ def test_ops_faster_than_the_tick_are_polled_by_the_thread_that_issues_them(fast
     assert seen["plugged_is_the_catch_up"] and seen["poll_soon_at"] == 16
     assert seen["polled_on"] == ["MainThread"]  # the thread issuing the ops, with the watchdog's tick an hour away
     ops = seen["poll_soon_at"] + 10
-    assert seen["batches"]["unplugged"] == {"ops": ops, "completed": 0}
+    unplugged = seen["batches"]["unplugged"]
+    assert (unplugged["ops"], unplugged["completed"]) == (ops, 0), unplugged
     assert seen["batches"]["armed"]["ops"] == ops and seen["batches"]["armed"]["completed"] >= seen["poll_soon_at"]
+    # async ops, each waited on: an op is filed after the catch-up it makes due, so that catch-up cannot
+    # complete it before its caller's wait, which then finds its op: the C hot path's wait stays in C,
+    # the Python wrapper's notes every op's end (filed before, a catch-up's op was a wait of neither)
+    waited = seen["batches"]["async"]
+    assert waited["ops"] == ops and waited["completed"] >= seen["poll_soon_at"], waited
+    assert waited["python_waits"] == (0 if fast == "1" else ops), waited
     # counted in ids, not in ops polled: 10 device ops, each followed by 2 CPU ops (3 ids each), are polled
     # at the 7th (16 ids on), before the ring wraps over them; by count (10 < 16), none would be yet
     mixed = seen["batches"]["mixed"]
