@@ -53,8 +53,9 @@ def _done_in_order(ops: list[Entry]) -> int | None:
     runs as an op is filed, and on a GPU that op has just been queued, while a device that keeps up
     has run the rest: two queries, not 1 + log2(n) (~1.2 µs each on NCCL). Each Work is read from its
     entry when asked (only O(log n) are). An entry settled since the walk (its Work let go: a failed
-    wait, say) never counts as done: a newest one sends the stream to the one-by-one poll (None), one
-    in the middle ends the done ones before it (the next poll, which no longer lists it, goes on past it)."""
+    wait, say) is never read as done: a newest one sends the stream to the one-by-one poll (None), one
+    the bisection asks ends the done ones before it (the next poll, which no longer lists it, goes on
+    past it); counted in by a later op read done, it is left as it is by the completion."""
     try:
         newest = ops[-1].work
         if newest is None:
