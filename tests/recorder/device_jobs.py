@@ -444,7 +444,7 @@ def poll_soon(out: str, name: str) -> None:
         walked.clear()
         python_waits.clear()
         rec.poll_works = noting_the_thread  # type: ignore[method-assign]
-        works = []
+        works = []  # the behind batch's Works, held as a training loop holds what it will wait on
         for _ in range({"mixed": rec.poll_soon_at // 2 + 2, "behind": 200}.get(label, rec.poll_soon_at + 10)):
             if label == "behind":
                 works.append(dist.all_reduce(t, group=behind, async_op=True))

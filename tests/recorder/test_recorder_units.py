@@ -486,9 +486,10 @@ def _stream_op(record_id: int, work: _StreamWork | None) -> entry_module.Entry:
 
 
 def test_the_in_order_poll_reads_each_work_from_its_entry_when_asked() -> None:
-    """A stream's ops are listed as entries (no per-op tuple): the bisection reads the Works it asks
-    (O(log n)). An entry settled since the walk (its Work let go: a failed wait) never counts as done,
-    so no op before it is completed on its account; a settled newest sends the stream op by op."""
+    """A stream's ops are listed as entries (no per-op tuple): the poll reads the Works it asks (the newest,
+    the one before it, then O(log n) by bisection). An entry settled since the walk (its Work let go: a
+    failed wait) never counts as done, so no op before it is completed on its account; a settled newest
+    sends the stream op by op."""
     from flightrec.record.recorder import _done_in_order
 
     works = [_StreamWork(i < 5) for i in range(8)]
